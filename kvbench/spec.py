@@ -1,0 +1,170 @@
+"""Measurement spec v1, implemented in one place (the text is ``docs/measurement-spec.md``).
+
+Every record carries :data:`SPEC_VERSION`; reports refuse to rank records of different versions together.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import psutil
+import torch
+
+from kvbench import SPEC_VERSION
+
+__all__ = [
+    "SPEC_VERSION", "PeakMemory", "accuracy_delta", "bootstrap_mean_ci", "fidelity", "memory_reduction",
+    "median",
+]
+
+BOOTSTRAP_RESAMPLES = 2000
+CI_LEVEL = 0.95
+
+
+# -- memory -----------------------------------------------------------------------------------------
+def memory_reduction(kv_bytes: int, kv_bytes_fp16: int) -> float:
+    """``1 - kv_bytes / kv_bytes_fp16``: the fraction of a dense 16-bit cache of the same tokens saved."""
+    if kv_bytes_fp16 <= 0:
+        return float("nan")
+    return 1.0 - kv_bytes / kv_bytes_fp16
+
+
+class PeakMemory:
+    """Peak process memory over a phase: CUDA peak allocated on GPU, sampled RSS on CPU.
+
+    RSS is sampled every ``interval`` seconds by a daemon thread (plus at entry and exit), because the
+    OS only keeps a lifetime peak, which cannot be reset between phases.
+    """
+
+    def __init__(self, device: str = "cpu", interval: float = 0.002) -> None:
+        self.device = device
+        self.interval = interval
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._proc = psutil.Process()
+
+    def _sample(self) -> None:
+        self.peak_bytes = max(self.peak_bytes, self._proc.memory_info().rss)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            self._sample()
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+            self.peak_bytes = int(torch.cuda.max_memory_allocated())
+        else:
+            self._stop.set()
+            if self._thread is not None:
+                self._thread.join()
+            self._sample()
+
+
+# -- latency ----------------------------------------------------------------------------------------
+class Timer:
+    """Wall-clock timer that synchronises CUDA at both ends so GPU work is inside the interval."""
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.cuda = device.startswith("cuda")
+        self.seconds = float("nan")
+
+    def __enter__(self) -> Timer:
+        if self.cuda:
+            torch.cuda.synchronize()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.seconds = time.perf_counter() - self._t0
+
+
+def median(values: Sequence[float]) -> float:
+    vals = [v for v in values if v == v]
+    return float(np.median(vals)) if vals else float("nan")
+
+
+# -- accuracy ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Delta:
+    """Strategy minus baseline, in percentage points, with a paired-bootstrap CI."""
+
+    baseline: float
+    strategy: float
+    delta_pp: float
+    ci_low: float
+    ci_high: float
+    relative_loss: float
+    n: int
+
+
+def bootstrap_mean_ci(values: Sequence[float], seed: int = 0,
+                      resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float, float]:
+    """Mean and percentile bootstrap 95% CI of ``values``."""
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, x.size, size=(resamples, x.size))
+    means = x[idx].mean(axis=1)
+    alpha = (1 - CI_LEVEL) / 2
+    return float(x.mean()), float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
+
+
+def accuracy_delta(baseline: Sequence[float], strategy: Sequence[float], seed: int = 0) -> Delta:
+    """Paired comparison on identical inputs: scores are per-sample metric values in [0, 1].
+
+    ``delta_pp = 100 * (mean(strategy) - mean(baseline))``; the CI resamples *pairs* (same indices for
+    both arms); ``relative_loss = (mean(baseline) - mean(strategy)) / mean(baseline)``.
+    """
+    b = np.asarray(baseline, dtype=float)
+    s = np.asarray(strategy, dtype=float)
+    if b.shape != s.shape:
+        raise ValueError(f"paired scores need equal lengths, got {b.size} and {s.size}")
+    mean_d, lo, hi = bootstrap_mean_ci(s - b, seed=seed)
+    bm = float(b.mean()) if b.size else float("nan")
+    sm = float(s.mean()) if s.size else float("nan")
+    rel = (bm - sm) / bm if bm and not math.isnan(bm) else float("nan")
+    return Delta(bm, sm, 100 * mean_d, 100 * lo, 100 * hi, rel, int(b.size))
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    kl: float
+    top1_agreement: float
+    gold_nll: float
+    gold_token_accuracy: float
+
+
+def fidelity(logp_baseline: torch.Tensor, logp_strategy: torch.Tensor, gold: torch.Tensor) -> Fidelity:
+    """Teacher-forced fidelity over answer positions.
+
+    ``logp_*``: ``[positions, vocab]`` log-probabilities; ``gold``: ``[positions]`` token ids.
+    ``kl`` = mean over positions of KL(baseline || strategy) in nats; ``top1_agreement`` = fraction of
+    positions whose argmax agrees; ``gold_nll`` = mean NLL of the gold tokens under the strategy;
+    ``gold_token_accuracy`` = fraction of positions whose argmax is the gold token.
+    """
+    pb, ps = logp_baseline.float(), logp_strategy.float()
+    kl = (pb.exp() * (pb - ps)).sum(-1).mean().item()
+    agree = (pb.argmax(-1) == ps.argmax(-1)).float().mean().item()
+    nll = -ps.gather(-1, gold[:, None]).mean().item()
+    acc = (ps.argmax(-1) == gold).float().mean().item()
+    return Fidelity(max(kl, 0.0), agree, nll, acc)

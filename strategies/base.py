@@ -1,0 +1,147 @@
+"""The strategy interface: a `Strategy` (validated parameters) makes one `LayerStore` per model layer.
+
+A layer store is what actually holds a layer's keys and values — compressed, evicted, tiered or
+exact. It has four duties, modelled on transformers' cache-layer interface but with the storage
+format left entirely to the strategy:
+
+* ``prefill(keys, values, capture)`` — take the full-precision K/V of the compressed prefix (and,
+  for attention-aware strategies, the captured queries) and store them in the strategy's format;
+* ``append(keys, values)`` — store newly processed tokens and return the K/V that this step's
+  attention must see: exactly ``num_tokens()`` (before the call) plus the new tokens, in order;
+* ``tensors()`` — every tensor the store holds, for byte accounting from real storage;
+* ``num_tokens()`` — tokens physically held.
+
+Stores must never modify the tensors handed to ``prefill``: one captured prefill is shared by every
+strategy in a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from kvbench.errors import KVBenchError
+
+FAMILIES = ("baseline", "quantization", "eviction", "tiered", "recompute", "composite", "reference")
+
+
+@dataclass
+class LayerCapture:
+    """What one attention layer exposed during the last forward pass.
+
+    ``queries`` are post-RoPE queries ``[batch, q_heads, window, head_dim]`` of the last ``window``
+    positions of that forward (all positions when the window is ``None``); ``positions`` are their
+    absolute token positions.
+    """
+
+    layer_idx: int
+    num_kv_groups: int
+    scaling: float
+    queries: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+
+
+class LayerStore(ABC):
+    """One layer's cache in a strategy's own storage format."""
+
+    def __init__(self, strategy: Strategy, layer_idx: int, num_layers: int) -> None:
+        self.strategy = strategy
+        self.layer_idx = layer_idx
+        self.num_layers = num_layers
+        self.capture: LayerCapture | None = None
+
+    @abstractmethod
+    def prefill(self, keys: torch.Tensor, values: torch.Tensor, capture: LayerCapture | None) -> None:
+        """Store the compressed prefix. ``keys``/``values``: ``[batch, kv_heads, tokens, head_dim]``."""
+
+    @abstractmethod
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store new tokens; return the K/V the current attention step reads (held + new, in order)."""
+
+    @abstractmethod
+    def tensors(self) -> Iterable[torch.Tensor]:
+        """Every tensor held (payload, scales, zero points, indices, full-precision windows)."""
+
+    @abstractmethod
+    def num_tokens(self) -> int:
+        """Tokens physically held."""
+
+    def stats(self) -> dict[str, float]:
+        """Strategy-specific figures for the record (kept fraction, bytes per tier, ...)."""
+        return {}
+
+    def select_tokens(self, index: torch.Tensor) -> None:
+        """Optional: keep only held tokens ``index`` (``[batch, kv_heads, n]``, ascending) and free the rest.
+
+        Stores that can drop single tokens implement it so eviction policies can be stacked on them
+        (see ``compose``); stores that cannot (e.g. groups spanning tokens) leave it raising.
+        """
+        raise KVBenchError(f"{type(self).__name__} cannot drop individual tokens")
+
+
+@dataclass
+class RunContext:
+    """What the engine knows about the current run and sample, for strategies that need more than K/V.
+
+    ``hardware`` is a :class:`kvbench.hardware.HardwareProfile`; ``prefix_ids`` are the token ids of
+    the compressed prefix (``[batch, tokens]``), e.g. for strategies that recompute K/V instead of
+    storing it.
+    """
+
+    model: Any = None
+    hardware: Any = None
+    prefix_ids: torch.Tensor | None = None
+    device: str = "cpu"
+
+
+class Strategy(ABC):
+    """A named, parameterised way of holding the KV cache. Subclasses are dataclasses of their parameters."""
+
+    name: ClassVar[str]
+    family: ClassVar[str]
+    #: How many of the last prefill queries per layer this strategy reads (0: none, None: all).
+    query_window: ClassVar[int | None] = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`KVBenchError` for bad parameter values."""
+
+    def bind(self, context: RunContext) -> None:
+        """Called by the engine before each sample's caches are built; stores read ``strategy.context``."""
+        self.context = context
+
+    @abstractmethod
+    def new_layer(self, layer_idx: int, num_layers: int) -> LayerStore:
+        """A fresh, empty store for one layer."""
+
+    def params(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+    def label(self) -> str:
+        """Name plus parameters, stable across runs (used as the table and leaderboard key)."""
+        p = self.params()
+        return self.name if not p else f"{self.name}(" + ",".join(f"{k}={v}" for k, v in sorted(p.items())) + ")"
+
+
+def require(condition: bool, message: str) -> None:
+    """Parameter validation helper: one-line :class:`KVBenchError` when ``condition`` is false."""
+    if not condition:
+        raise KVBenchError(message)
+
+
+def held_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` — what the process actually holds for them."""
+    seen: dict[tuple[str, int], int] = {}
+    for t in tensors:
+        if t is None:
+            continue
+        storage = t.untyped_storage()
+        seen[(str(t.device), storage.data_ptr())] = storage.nbytes()
+    return sum(seen.values())

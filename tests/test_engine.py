@@ -1,0 +1,93 @@
+"""The shared-prefill engine on the tiny model: records, fidelity, resume and baseline reuse."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import strategies
+from kvbench.engine import Engine, query_window_for, run_samples
+from kvbench.models import ByteTokenizer, LoadedModel
+from kvbench.results import RunStore
+from kvbench.tasks.base import Sample
+
+
+def _samples(n: int = 3) -> list[Sample]:
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for i in range(n):
+        prefix = torch.randint(1, 255, (120,), generator=g).tolist()
+        out.append(Sample(sample_id=f"s{i}", prefix_ids=prefix, query_ids=list(b"Q?"), gold_ids=list(b"ab"),
+                          answers=["ab"], metric="substring", metadata={"depth": 0.5}, max_new_tokens=4))
+    return out
+
+
+@pytest.fixture
+def engine(tiny_model):
+    return Engine(LoadedModel("tiny-llama", tiny_model, ByteTokenizer()),
+                  run_fields={"task": "unit", "model": "tiny-llama", "hardware": "cpu", "config_hash": "h"})
+
+
+def _strategies():
+    return [strategies.build("full"), strategies.build("int8", {"group_size": 8})]
+
+
+def test_records_cover_every_sample_and_strategy(engine, tmp_path):
+    store = RunStore(tmp_path, "run")
+    run_samples(engine, _samples(), _strategies(), set(), store.append)
+    recs = store.load_records()
+    assert len(recs) == 6
+    full = [r for r in recs if r["strategy_name"] == "full"]
+    int8 = [r for r in recs if r["strategy_name"] == "int8"]
+    assert all(r["kl"] == 0.0 and r["top1_agreement"] == 1.0 for r in full)
+    # tiny model is float32: the dense reference is 16-bit, so `full` holds twice the reference bytes
+    assert all(r["memory_reduction"] == pytest.approx(-1.0) for r in full)
+    assert all(r["memory_reduction"] == pytest.approx(1 - 10 / 16) for r in int8)
+    assert all(r["kl"] >= 0 and r["generated_tokens"] >= 1 for r in int8)
+    assert all(r["context_tokens"] == 120 and r["spec_version"] for r in recs)
+    assert all(r["decode_ms_per_token"] > 0 for r in recs)
+
+
+def test_resume_skips_finished_samples_and_survives_a_torn_line(engine, tmp_path, monkeypatch):
+    store = RunStore(tmp_path, "run")
+    samples = _samples()
+    calls: list[str] = []
+
+    def crash_after_first(records):
+        store.append(records)
+        raise KeyboardInterrupt  # the process is killed after one sample landed
+
+    with pytest.raises(KeyboardInterrupt):
+        run_samples(engine, samples, _strategies(), set(), crash_after_first)
+    with store.records_path.open("a") as fh:
+        fh.write('{"sample_id": "s1", "strat')  # a torn write from the kill
+    done = {r["sample_id"] for r in store.load_records()}
+    assert done == {"s0"}
+
+    original = engine.prefill
+    monkeypatch.setattr(engine, "prefill", lambda s, w: calls.append(s.sample_id) or original(s, w))
+    run_samples(engine, samples, _strategies(), done, store.append)
+    assert calls == ["s1", "s2"]
+    lines = store.records_path.read_text().splitlines()
+    assert all(json.loads(line) for line in lines)  # the torn line was dropped, not glued to the next record
+    assert len(lines) == 6
+
+
+def test_baseline_reuse_gives_identical_fidelity(engine, tmp_path):
+    samples = _samples(2)
+    key = lambda s: f"k-{s.sample_id}"  # noqa: E731
+    first, second = RunStore(tmp_path, "a"), RunStore(tmp_path, "b")
+    run_samples(engine, samples, _strategies(), set(), first.append, tmp_path / "base", key)
+    run_samples(engine, samples, _strategies(), set(), second.append, tmp_path / "base", key)
+    a = {(r["sample_id"], r["strategy_name"]): r for r in first.load_records()}
+    b = {(r["sample_id"], r["strategy_name"]): r for r in second.load_records()}
+    assert all(b[(s.sample_id, "full")].get("baseline_reused") for s in samples)
+    for s in samples:
+        assert a[(s.sample_id, "int8")]["kl"] == b[(s.sample_id, "int8")]["kl"]
+
+
+def test_query_window_is_the_widest_requested():
+    full, int8 = strategies.build("full"), strategies.build("int8")
+    assert query_window_for([full, int8]) == 0
