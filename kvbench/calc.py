@@ -548,6 +548,10 @@ def project(args: argparse.Namespace) -> dict[str, Any]:
             result["fits"] = plan.fits
             result["free_bytes"] = plan.free_bytes
             result["max_batch_at_context"] = max_batch(arch, hw, args.context, bpe, **options)
+        limit = arch.max_position_embeddings
+        if limit and result["max_context_at_batch"] > limit:
+            result["notes"].append(f"memory allows {result['max_context_at_batch']:,} tokens per sequence, but "
+                                   f"{arch.name} is configured for {limit:,} positions")
         if plan.weight_bytes > plan.usable_bytes:
             result["notes"].append(f"the weights alone ({plan.weight_bytes / GB:,.1f} GB) exceed the usable "
                                    f"{plan.usable_bytes / GB:,.1f} GB of {hw.name}: shard or quantise them "

@@ -14,6 +14,7 @@ the same cache state.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,17 +86,47 @@ class Engine:
             cache = KVBenchCache.from_capture(strategy, self.model.config, pre.keys, pre.values, pre.captures)
         return cache, t.seconds
 
-    def evaluate(self, strategy: Strategy, sample: Sample, pre: Prefill,
-                 baseline_logp: torch.Tensor | None) -> StrategyResult:
+    def chunked_prefill(self, strategy: Strategy, prefix: torch.Tensor,
+                        chunk_tokens: int) -> tuple[KVBenchCache, float, int]:
+        """Prefill in chunks straight into the strategy's cache, compacting after each chunk, so the cache
+        never holds more than its budget plus one chunk (and quantized chunks are stored quantized at once).
+        """
+        cache = KVBenchCache(strategy, self.model.config)
+        with torch.inference_mode(), cache.attach(self.model), PeakMemory(self.device) as peak, \
+                Timer(self.device) as timer:
+            for start in range(0, prefix.shape[1], chunk_tokens):
+                self.model(input_ids=prefix[:, start:start + chunk_tokens], cache=cache, use_cache=True,
+                           logits_to_keep=1)
+                for layer in cache.layers:
+                    layer.store.compact()
+        return cache, timer.seconds, peak.peak_bytes
+
+    def evaluate(self, strategy: Strategy, sample: Sample, pre: Prefill | None,
+                 baseline_logp: torch.Tensor | None, chunk_tokens: int = 0) -> StrategyResult:
+        """Score one strategy on one sample: from the shared capture ``pre``, or, when ``pre`` is None, from
+        its own chunked prefill of ``chunk_tokens`` per chunk."""
         model = self.model
         prefix = torch.tensor([sample.prefix_ids], device=self.device)
         strategy.bind(RunContext(model=model, hardware=self.hardware, prefix_ids=prefix, device=self.device))
         query = torch.tensor(sample.query_ids, device=self.device)
         gold = torch.tensor(sample.gold_ids, device=self.device)
 
+        if pre is not None:
+            prefill_s, prefill_peak = pre.seconds, pre.peak_bytes
+
+            def make_cache() -> tuple[KVBenchCache, float]:
+                return self._cache(strategy, pre)
+        else:
+            built, prefill_s, prefill_peak = self.chunked_prefill(strategy, prefix, chunk_tokens)
+            # Compression happened inside the chunked prefill; pass (a) gets a copy, pass (b) the original.
+            copies = [copy.deepcopy(built), built]
+
+            def make_cache() -> tuple[KVBenchCache, float]:
+                return copies.pop(0), 0.0
+
         with torch.inference_mode():
             # (a) teacher forcing over the gold answer
-            cache, compress_s = self._cache(strategy, pre)
+            cache, compress_s = make_cache()
             kv_bytes, kv_fp16 = cache.kv_bytes(), cache.kv_bytes_fp16()
             held = cache.held_tokens()
             stats = cache.stats()
@@ -110,11 +141,13 @@ class Engine:
             # (b) greedy decoding for the task metric and latency
             prediction, gen = "", _Generation()
             if sample.metric != "token_accuracy":
-                cache, _ = self._cache(strategy, pre)
+                cache, _ = make_cache()
                 with _attached(cache, model, strategy), PeakMemory(self.device) as peak:
                     gen = self._greedy(cache, query, sample.max_new_tokens)
                 gen.peak_bytes = peak.peak_bytes
                 prediction = self.lm.tokenizer.decode(gen.tokens, skip_special_tokens=True)
+                # Figures the store only knows after decoding (measured transfers, recomputes) win.
+                stats = {**stats, **cache.stats()}
                 del cache
         value = fid.gold_token_accuracy if sample.metric == "token_accuracy" else \
             task_score(sample.metric, prediction, sample.answers)
@@ -141,10 +174,11 @@ class Engine:
             "bytes_per_token": kv_bytes / sample.context_tokens,
             "held_tokens_mean": held_mean,
             "kept_fraction": held_mean / sample.context_tokens,
-            "prefill_s": pre.seconds,
+            "prefill_mode": "shared" if pre is not None else f"chunked:{chunk_tokens}",
+            "prefill_s": prefill_s,
             "compress_s": compress_s,
             "query_s": gen.first_s,
-            "ttft_s": pre.seconds + compress_s + gen.first_s,
+            "ttft_s": prefill_s + compress_s + gen.first_s,
             "decode_ms_per_token": 1000 * median(gen.step_s),
             "decode_steps": len(gen.step_s),
             "generated_tokens": len(gen.tokens),
@@ -152,7 +186,7 @@ class Engine:
             "top1_agreement": fid.top1_agreement,
             "gold_nll": fid.gold_nll,
             "gold_token_accuracy": fid.gold_token_accuracy,
-            "peak_bytes_prefill": pre.peak_bytes,
+            "peak_bytes_prefill": prefill_peak,
             "peak_bytes_decode": gen.peak_bytes,
             "stats": stats,
         }
@@ -238,8 +272,12 @@ ProgressFn = Callable[[str], None]
 def run_samples(engine: Engine, samples: list[Sample], strategies: list[Strategy],
                 done: set[str], write: Callable[[list[dict[str, Any]]], None],
                 baseline_dir: Path | None = None, baseline_key: Callable[[Sample], str] | None = None,
-                progress: Callable[[], None] | None = None) -> None:
-    """Evaluate every not-yet-done sample; each sample's records are written together."""
+                progress: Callable[[], None] | None = None, chunk_tokens: int = 0) -> None:
+    """Evaluate every not-yet-done sample; each sample's records are written together.
+
+    ``chunk_tokens > 0`` selects chunked prefill: no shared capture, each strategy prefills into its own
+    cache chunk by chunk (lower peak memory, but later chunks attend to already-compressed earlier ones).
+    """
     window = query_window_for(strategies)
     baseline, others = strategies[0], strategies[1:]
     for sample in samples:
@@ -247,18 +285,15 @@ def run_samples(engine: Engine, samples: list[Sample], strategies: list[Strategy
             if progress:
                 progress()
             continue
-        pre = engine.prefill(sample, window)
+        pre = None if chunk_tokens else engine.prefill(sample, window)
         base = _load_baseline(baseline_dir, baseline_key, sample) if baseline_dir and baseline_key else None
         if base is None:
-            base = engine.evaluate(baseline, sample, pre, None)
-            # Rounded as stored, so KL is identical whether the baseline is fresh or reused.
-            base.logp = base.logp.to(torch.float16).float()
+            base = engine.evaluate(baseline, sample, pre, None, chunk_tokens)
             if baseline_dir and baseline_key:
                 _save_baseline(baseline_dir, baseline_key(sample), base)
         else:
             base.record.update({k: v for k, v in engine.run_fields.items()})
-            base.record["prefill_s"] = pre.seconds
-        results = [base] + [engine.evaluate(s, sample, pre, base.logp) for s in others]
+        results = [base] + [engine.evaluate(s, sample, pre, base.logp, chunk_tokens) for s in others]
         write([r.record for r in results])
         del pre
         if progress:
@@ -285,5 +320,5 @@ def _save_baseline(root: Path, key: str, result: StrategyResult) -> None:
     root.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=root, suffix=".tmp")
     os.close(fd)
-    torch.save({"record": result.record, "logp": result.logp.to(torch.float16)}, tmp)
+    torch.save({"record": result.record, "logp": result.logp}, tmp)
     os.replace(tmp, root / f"{key}.pt")

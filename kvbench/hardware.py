@@ -39,10 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 import yaml
 
-import kvbench
+from kvbench.config import conf_dir
 from kvbench.errors import KVBenchError
 
 DEVICES = ("cpu", "cuda")
@@ -50,14 +49,6 @@ DTYPES = ("float32", "bfloat16", "float16")
 LINKS = {"device": "device_mem_bw_gbps", "host": "host_link_bw_gbps", "disk": "disk_bw_gbps"}
 GB = 1e9
 
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def conf_dir() -> Path:
-    """The ``conf/`` directory: packaged as ``kvbench/conf`` in a wheel, ``<repo>/conf`` in a checkout."""
-    package = Path(kvbench.__file__).parent
-    installed = package / "conf"
-    return installed if installed.exists() else package.parent / "conf"
 
 
 def hardware_dir() -> Path:
@@ -188,6 +179,8 @@ def check_available(profile: HardwareProfile) -> str:
     """
     if profile.device == "cpu":
         return "cpu"
+    import torch  # torch is imported lazily so that `kvbench calc` starts without it
+
     if torch.cuda.is_available():
         return "cuda"
     if profile.simulate:
@@ -253,6 +246,8 @@ def measure_copy_bandwidth(nbytes: int, repeats: int = 5, device: str = "cpu") -
     Counted as bus traffic (2 × nbytes per copy: one read, one write) so the figure is comparable
     with datasheet bandwidths.
     """
+    import torch
+
     numel = max(1, nbytes // 4)
     src = torch.ones(numel, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
@@ -263,9 +258,11 @@ def measure_copy_bandwidth(nbytes: int, repeats: int = 5, device: str = "cpu") -
 
 def measure_matmul_flops(n: int, dtype: str, repeats: int = 5, device: str = "cpu") -> float:
     """Dense matmul throughput in FLOP/s: median time of ``torch.matmul`` on two n×n matrices (2n³ FLOPs)."""
+    import torch
+
     gen = torch.Generator(device="cpu").manual_seed(0)
-    a = torch.randn(n, n, generator=gen).to(device=device, dtype=_TORCH_DTYPES[dtype])
-    b = torch.randn(n, n, generator=gen).to(device=device, dtype=_TORCH_DTYPES[dtype])
+    a = torch.randn(n, n, generator=gen).to(device=device, dtype=getattr(torch, dtype))
+    b = torch.randn(n, n, generator=gen).to(device=device, dtype=getattr(torch, dtype))
     sync = torch.cuda.synchronize if device.startswith("cuda") else None
     seconds = _median_seconds(lambda: torch.matmul(a, b), repeats, sync)
     return 2.0 * n**3 / seconds
@@ -273,6 +270,8 @@ def measure_matmul_flops(n: int, dtype: str, repeats: int = 5, device: str = "cp
 
 def measure_host_link(nbytes: int, repeats: int = 5) -> dict[str, float]:
     """Pinned host<->CUDA copy bandwidth in GB/s, each direction (one-way traffic, N bytes per copy)."""
+    import torch
+
     numel = max(1, nbytes // 4)
     host = torch.ones(numel, dtype=torch.float32).pin_memory()
     dev = torch.empty(numel, dtype=torch.float32, device="cuda")
@@ -392,6 +391,8 @@ def probe(out_path: str | os.PathLike[str], *, name: str | None = None, dtype: s
         raise KVBenchError(f"probe dtype {dtype!r} is not valid; valid: auto, bfloat16, float32")
     if repeats < 1:
         raise KVBenchError(f"repeats must be >= 1, got {repeats}")
+    import torch
+
     out = Path(out_path)
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"

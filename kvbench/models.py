@@ -140,11 +140,7 @@ def load_model(name: str, dtype: str = "float32", device: str = "cpu", attn_impl
         return LoadedModel(name, model, ByteTokenizer())
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source: str | Path
-    if name == "smollm2-135m":
-        source = converted_smollm2_dir()
-    else:
-        source = path or name
+    source: str | Path = converted_smollm2_dir() if name == "smollm2-135m" else (path or name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype,

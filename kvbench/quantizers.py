@@ -1,76 +1,351 @@
-"""Integer quantizers shared by the quantization strategies.
+"""Low-level K/V quantizers shared by the quantization strategies: integer, FP8 and block floating point.
 
-Grouping convention: a tensor ``[..., tokens, head_dim]`` is cut into groups of ``group_size``
-consecutive elements along one axis — ``axis="token"`` groups run along ``head_dim`` within one
-token (one scale per token per group of channels, so new tokens quantize independently during
-decoding); ``axis="channel"`` groups run along the token axis within one channel (KIVI's choice for
-keys, whose outliers live in fixed channels). Scales (and zero points) are stored in float16.
+Every quantizer takes a tensor ``[..., tokens, head_dim]`` and returns a *chunk*: a small dataclass of
+the tensors really held (packed codes, scales, zero points, exponents) that can dequantize itself,
+list its tensors for byte accounting, be concatenated with a later chunk along the token axis and,
+when every token is encoded on its own, keep a subset of its tokens.
+
+Grouping convention (both layouts are free views, no copy):
+
+* ``axis="token"`` — groups of ``group_size`` consecutive channels within one token: grouped view
+  ``[..., T, D/G, G]``, one scale per token per group (``[..., T, D/G, 1]``). New tokens quantize
+  independently during decoding.
+* ``axis="channel"`` — groups of ``group_size`` consecutive tokens within one channel: grouped view
+  ``[..., T/G, G, D]``, one scale per group of tokens per channel (``[..., T/G, 1, D]``). This is
+  KIVI's choice for keys, whose outliers sit in fixed channels (Liu et al. 2024).
+
+In both layouts the token (or token-group) index of a scale tensor is dimension ``-3`` and that of a
+code tensor is ``-2``, so chunks concatenate along those dimensions.
+
+Scales and zero points of the integer formats are float16 (the metadata cost quoted in the KIVI
+paper); b-bit codes (b in 2, 4) are packed ``8 // b`` per byte along ``head_dim``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from kvbench.errors import KVBenchError
 
 SCALE_DTYPE = torch.float16
+FP16_MAX = float(torch.finfo(torch.float16).max)
+AXES = ("token", "channel")
+PACKABLE_BITS = (2, 4, 8)
+FP8_FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+FP8_SCALES = ("tensor", "channel")
+E8M0_BIAS = 127  # OCP MX shared-scale encoding: an unsigned 8-bit exponent, bias 127 (255 is NaN)
 
 
-def check_finite(x: torch.Tensor) -> None:
-    if not torch.isfinite(x).all():
+def check_finite(*stats: torch.Tensor) -> None:
+    """Raise on NaN/inf. Quantizers pass per-group min/max/absmax: reductions propagate NaN and inf, and
+    checking them costs a fraction of a pass over the whole tensor."""
+    if not all(bool(torch.isfinite(t).all()) for t in stats):
         raise KVBenchError("cannot quantize a tensor containing NaN or inf")
 
 
-def _to_groups(x: torch.Tensor, group_size: int, axis: str) -> torch.Tensor:
-    """View ``x`` as ``[..., n_groups, group_size]`` along the requested axis (copies only for channel axis)."""
+def group_view(x: torch.Tensor, group_size: int, axis: str) -> tuple[torch.Tensor, int]:
+    """``x`` viewed with one extra group dimension, and the dimension to reduce for per-group statistics."""
     if axis == "token":
         d = x.shape[-1]
-        if d % group_size:
+        if group_size <= 0 or d % group_size:
             raise KVBenchError(f"group_size={group_size} must divide head_dim={d}")
-        return x.reshape(*x.shape[:-1], d // group_size, group_size)
+        return x.unflatten(-1, (d // group_size, group_size)), -1
     if axis == "channel":
         t = x.shape[-2]
-        if t % group_size:
-            raise KVBenchError(f"channel-axis groups need a token count divisible by group_size={group_size}")
-        xt = x.transpose(-1, -2)  # [..., D, T]
-        return xt.reshape(*xt.shape[:-1], t // group_size, group_size)
-    raise KVBenchError(f"unknown quantization axis {axis!r}; valid: token, channel")
+        if group_size <= 0 or t % group_size:
+            raise KVBenchError(f"channel-axis groups need a token count divisible by group_size={group_size} "
+                               f"(got {t} tokens)")
+        return x.unflatten(-2, (t // group_size, group_size)), -2
+    raise KVBenchError(f"unknown quantization axis {axis!r}; valid: {', '.join(AXES)}")
 
 
-def _from_groups(g: torch.Tensor, shape: torch.Size, axis: str) -> torch.Tensor:
-    if axis == "token":
-        return g.reshape(shape)
-    xt = g.reshape(*shape[:-2], shape[-1], shape[-2])
-    return xt.transpose(-1, -2)
+def gather_tokens(t: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
+    """Rows ``index`` (``t.shape[:dim] + (n,)``) of ``t`` along the negative dimension ``dim``."""
+    trailing = t.shape[dim + 1:] if dim != -1 else ()
+    idx = index.reshape(*index.shape, *([1] * len(trailing))).expand(*index.shape, *trailing)
+    idx = idx.to(device=t.device, dtype=torch.long)
+    if t.dtype in FP8_FORMATS.values():
+        # CPU gather has no float8 kernel; the bytes are moved unchanged through a uint8 view.
+        return torch.gather(t.view(torch.uint8), t.dim() + dim, idx).view(t.dtype)
+    return torch.gather(t, t.dim() + dim, idx)
+
+
+# -- bit packing ------------------------------------------------------------------------------------
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack unsigned ``bits``-bit codes (``< 2**bits``) ``8 // bits`` per byte along the last dimension.
+
+    The first code of each byte takes the low bits. 8-bit codes are returned as ``uint8`` unchanged.
+    """
+    if bits not in PACKABLE_BITS:
+        raise KVBenchError(f"cannot pack {bits}-bit codes; valid: {', '.join(map(str, PACKABLE_BITS))}")
+    codes = codes.to(torch.uint8)
+    if bits == 8:
+        return codes
+    per = 8 // bits
+    if codes.shape[-1] % per:
+        raise KVBenchError(
+            f"{bits}-bit packing needs a last dimension divisible by {per} (got {codes.shape[-1]})")
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=codes.device)
+    # The fields do not overlap, so their sum is their bitwise OR and never exceeds 255.
+    return torch.sum(codes.unflatten(-1, (-1, per)) << shifts, dim=-1, dtype=torch.uint8)
+
+
+def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of :func:`pack_codes`: ``uint8`` codes, ``8 // bits`` times as many along the last dim."""
+    if bits == 8:
+        return packed
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
+    return ((packed.unsqueeze(-1) >> shifts) & (2**bits - 1)).flatten(-2)
+
+
+# -- chunks -------------------------------------------------------------------------------------------
+
+
+class TokenChunk:
+    """Behaviour common to quantized chunks: concatenation, token selection, byte accounting.
+
+    ``TOKEN_DIMS`` maps each per-token tensor field to its token (or token-group) dimension; other
+    tensor fields (fixed scales) are shared by all tokens and kept as they are.
+    """
+
+    TOKEN_DIMS: ClassVar[dict[str, int]]
+
+    @property
+    def tokenwise(self) -> bool:
+        """True when every token is encoded on its own, so tokens can be dropped without re-encoding."""
+        return getattr(self, "axis", "token") == "token"
+
+    @property
+    def num_tokens(self) -> int:
+        # The first field listed is the payload, whose token dimension is -2.
+        return int(getattr(self, next(iter(self.TOKEN_DIMS))).shape[-2])
+
+    def cat(self, other: TokenChunk) -> TokenChunk:
+        """This chunk followed by ``other`` (same format) along the token axis, as one contiguous chunk."""
+        return dataclasses.replace(self, **{  # type: ignore[type-var]
+            f: torch.cat([getattr(self, f), getattr(other, f)], dim=d) for f, d in self.TOKEN_DIMS.items()})
+
+    def take(self, index: torch.Tensor) -> TokenChunk:
+        """Keep tokens ``index`` (``[..., n]``, per leading position) — only for token-wise chunks."""
+        if not self.tokenwise:
+            raise KVBenchError(
+                f"{type(self).__name__} groups span tokens; dequantize and re-quantize instead")
+        return dataclasses.replace(self, **{  # type: ignore[type-var]
+            f: gather_tokens(getattr(self, f), index, d) for f, d in self.TOKEN_DIMS.items()})
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:  # pragma: no cover - overridden by every chunk
+        raise KVBenchError(f"{type(self).__name__} cannot dequantize")
+
+
+# -- symmetric int8 -------------------------------------------------------------------------------------
 
 
 @dataclass
-class SymmetricInt8:
+class SymmetricInt8(TokenChunk):
     """Symmetric int8 codes with one float16 absmax scale per group."""
 
     codes: torch.Tensor  # int8, same shape as the input
-    scales: torch.Tensor  # float16, [..., n_groups, 1] in grouped layout
+    scales: torch.Tensor  # float16, grouped layout ([..., T, D/G, 1] or [..., T/G, 1, D])
     axis: str
     group_size: int
 
-    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        g = _to_groups(self.codes, self.group_size, self.axis).to(dtype)
-        return _from_groups(g * self.scales.to(dtype), self.codes.shape, self.axis)
+    TOKEN_DIMS: ClassVar[dict[str, int]] = {"codes": -2, "scales": -3}
 
-    def tensors(self) -> list[torch.Tensor]:
-        return [self.codes, self.scales]
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        g, _ = group_view(self.codes, self.group_size, self.axis)
+        return (g.to(dtype) * self.scales.to(dtype)).flatten(*_group_dims(self.axis))
+
+
+def _group_dims(axis: str) -> tuple[int, int]:
+    return (-2, -1) if axis == "token" else (-3, -2)
 
 
 def quantize_int8(x: torch.Tensor, group_size: int, axis: str = "token") -> SymmetricInt8:
-    """Round-to-nearest symmetric int8: ``code = round(x / s)``, ``s = absmax / 127`` per group."""
-    check_finite(x)
-    g = _to_groups(x, group_size, axis).float()
-    # Codes are computed against the float16 scale actually stored, so |x - x_hat| <= scale / 2.
-    scale = (g.abs().amax(dim=-1, keepdim=True) / 127.0).to(SCALE_DTYPE)
+    """Round-to-nearest symmetric int8: ``code = round(x / s)``, ``s = absmax / 127`` per group.
+
+    Codes are computed with the float16-rounded scale actually stored, so ``|x - x̂| <= s / 2``.
+    """
+    g, dim = group_view(x.float(), group_size, axis)
+    scale = g.abs().amax(dim=dim, keepdim=True) / 127.0
+    check_finite(scale)
+    _check_fp16_range(scale, "int8 scale")
+    scale = scale.to(SCALE_DTYPE)
     s = scale.float()
     # Groups of zeros keep scale 0 and code 0; dividing by 1 there avoids 0/0.
     codes = torch.round(g / torch.where(s > 0, s, torch.ones_like(s))).clamp_(-127, 127)
-    codes = _from_groups(codes.to(torch.int8), x.shape, axis).contiguous()
-    return SymmetricInt8(codes, scale, axis, group_size)
+    return SymmetricInt8(codes.to(torch.int8).flatten(*_group_dims(axis)), scale, axis, group_size)
+
+
+def _check_fp16_range(t: torch.Tensor, what: str) -> None:
+    if t.numel() and float(t.abs().max()) > FP16_MAX:
+        raise KVBenchError(f"{what} exceeds the float16 range (|x| <= {FP16_MAX:g}); values this large "
+                           "cannot carry float16 metadata")
+
+
+# -- asymmetric b-bit (KIVI) ----------------------------------------------------------------------------
+
+
+@dataclass
+class AsymmetricQuant(TokenChunk):
+    """Asymmetric ``bits``-bit codes packed along ``head_dim``, with float16 scale and zero point per group.
+
+    ``x̂ = code * scale + zero`` with ``zero`` the group minimum and ``scale = (max - min) / (2**bits - 1)``.
+    """
+
+    codes: torch.Tensor  # uint8 [..., T, D * bits / 8]
+    scale: torch.Tensor  # float16, grouped layout
+    zero: torch.Tensor  # float16, grouped layout
+    bits: int
+    axis: str
+    group_size: int
+
+    TOKEN_DIMS: ClassVar[dict[str, int]] = {"codes": -2, "scale": -3, "zero": -3}
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        g, _ = group_view(unpack_codes(self.codes, self.bits).to(dtype), self.group_size, self.axis)
+        # One fused multiply-add over the whole chunk: zero + code * scale.
+        out = torch.addcmul(self.zero.to(dtype), g, self.scale.to(dtype))
+        return out.flatten(*_group_dims(self.axis))
+
+
+def quantize_asymmetric(x: torch.Tensor, bits: int, group_size: int, axis: str) -> AsymmetricQuant:
+    """Min/max asymmetric round-to-nearest quantization (KIVI, Liu et al. 2024).
+
+    Codes use the float16 scale and zero point actually stored; the reconstruction error is bounded
+    by ``s'/2 + |z - z'| + (2**bits - 1) * |s - s'|`` (``'`` marks the stored float16 values).
+    """
+    if bits not in PACKABLE_BITS:
+        raise KVBenchError(
+            f"asymmetric quantization supports {', '.join(map(str, PACKABLE_BITS))} bits (got {bits})")
+    g, dim = group_view(x.float(), group_size, axis)
+    levels = 2**bits - 1
+    lo, hi = g.amin(dim=dim, keepdim=True), g.amax(dim=dim, keepdim=True)
+    check_finite(lo, hi)
+    _check_fp16_range(torch.maximum(lo.abs(), hi.abs()), "a value")
+    zero = lo.to(SCALE_DTYPE)
+    scale = ((hi - lo) / levels).to(SCALE_DTYPE)
+    s, z = scale.float(), zero.float()
+    codes = torch.round((g - z) / torch.where(s > 0, s, torch.ones_like(s))).clamp_(0, levels)
+    codes = codes.to(torch.uint8).flatten(*_group_dims(axis))
+    return AsymmetricQuant(pack_codes(codes, bits), scale, zero, bits, axis, group_size)
+
+
+# -- FP8 --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Fp8Quant(TokenChunk):
+    """FP8 payload (``float8_e4m3fn`` or ``float8_e5m2``) with a float32 scale fixed at calibration."""
+
+    payload: torch.Tensor  # float8, same shape as the input
+    scale: torch.Tensor  # float32, broadcastable: all-ones shape (per tensor) or [..., 1, D] (per channel)
+
+    TOKEN_DIMS: ClassVar[dict[str, int]] = {"payload": -2}
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        # FP8 values are exact in bf16/fp16/fp32, so one rounding happens: the product.
+        return self.payload.to(dtype) * self.scale.to(dtype)
+
+
+def fp8_dtype(fmt: str) -> torch.dtype:
+    if fmt not in FP8_FORMATS:
+        raise KVBenchError(f"unknown fp8 format {fmt!r}; valid: {', '.join(FP8_FORMATS)}")
+    return FP8_FORMATS[fmt]
+
+
+def fp8_scale(x: torch.Tensor, fmt: str, mode: str) -> torch.Tensor:
+    """Absmax scale mapping ``x`` onto the format's largest finite value: one per tensor or per channel."""
+    if x.shape[-2] == 0:
+        raise KVBenchError("an fp8 scale is calibrated on at least one token")
+    fmax = torch.finfo(fp8_dtype(fmt)).max
+    if mode == "tensor":
+        amax = x.abs().amax().float().reshape([1] * x.dim())
+    elif mode == "channel":
+        amax = x.abs().amax(dim=-2, keepdim=True).float()
+    else:
+        raise KVBenchError(f"unknown fp8 scale mode {mode!r}; valid: {', '.join(FP8_SCALES)}")
+    check_finite(amax)
+    # An all-zero tensor or channel would give scale 0; the smallest normal float32 keeps 0/0 away.
+    return (amax / fmax).clamp(min=torch.finfo(torch.float32).tiny).to(x.device)
+
+
+def quantize_fp8(x: torch.Tensor, fmt: str, scale: torch.Tensor) -> tuple[Fp8Quant, int]:
+    """Encode ``x / scale`` as FP8, saturating at the format's largest finite value.
+
+    Returns the chunk and how many elements saturated (values beyond ``fmax * scale``, which happens
+    only for tokens encoded with a scale calibrated on earlier ones). ``float8_e4m3fn`` has no
+    infinity, so clamping first is what keeps out-of-range values from turning into NaN.
+    """
+    fmax = torch.finfo(fp8_dtype(fmt)).max
+    y = x.float() / scale
+    magnitude = y.abs()
+    if magnitude.numel():
+        check_finite(magnitude.amax())
+    # Only values truly beyond the range count: x / (amax / fmax) may land a float32 ulp above fmax.
+    saturated = int((magnitude > fmax * (1 + 4 * torch.finfo(torch.float32).eps)).sum())
+    return Fp8Quant(y.clamp_(-fmax, fmax).to(fp8_dtype(fmt)), scale), saturated
+
+
+# -- block floating point (OCP Microscaling) --------------------------------------------------------------
+
+
+@dataclass
+class BlockFloat(TokenChunk):
+    """Block floating point: per block of ``block_size`` channels one E8M0 exponent, signed integer mantissas.
+
+    ``x̂ = m * 2**e`` with ``m`` a ``mantissa_bits``-bit two's-complement integer (sign included) and
+    ``e`` the block's shared exponent, stored biased by 127 in one ``uint8``.
+    """
+
+    mantissas: torch.Tensor  # int8 [..., T, D] (8-bit) or uint8 packed [..., T, D * bits / 8]
+    exponents: torch.Tensor  # uint8 [..., T, D / N, 1]
+    mantissa_bits: int
+    block_size: int
+
+    TOKEN_DIMS: ClassVar[dict[str, int]] = {"mantissas": -2, "exponents": -3}
+
+    def signed_mantissas(self) -> torch.Tensor:
+        if self.mantissa_bits == 8:
+            return self.mantissas
+        half = 2 ** (self.mantissa_bits - 1)
+        # Two's complement: codes >= half are negative.
+        return (unpack_codes(self.mantissas, self.mantissa_bits).to(torch.int8) ^ half) - half
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        m = self.signed_mantissas().unflatten(-1, (-1, self.block_size)).float()
+        # float32 holds every power of two in E8M0's range; the target dtype may not (fp16).
+        scale = torch.exp2(self.exponents.float() - E8M0_BIAS)
+        return (m * scale).flatten(-2).to(dtype)
+
+
+def quantize_bfp(x: torch.Tensor, mantissa_bits: int, block_size: int) -> BlockFloat:
+    """MX-style block floating point (OCP Microscaling v1.0; Rouhani et al. 2023).
+
+    The shared exponent is ``floor(log2(absmax)) - (mantissa_bits - 2)``, so the block maximum lands in
+    ``[2**(M-2), 2**(M-1))`` mantissa units; mantissas are rounded to nearest and saturate at
+    ``±(2**(M-1) - 1)`` as in the spec. The error is below one unit of the block: ``|x - x̂| <= 2**e``.
+    """
+    if mantissa_bits not in PACKABLE_BITS:
+        raise KVBenchError(f"bfp mantissa_bits must be one of {', '.join(map(str, PACKABLE_BITS))} "
+                           f"(got {mantissa_bits})")
+    g, _ = group_view(x.float(), block_size, "token")
+    amax = g.abs().amax(dim=-1, keepdim=True)
+    check_finite(amax)
+    # frexp gives amax = f * 2**k with f in [0.5, 1), so floor(log2(amax)) = k - 1 exactly (no log rounding).
+    _, k = torch.frexp(amax)
+    e = torch.where(amax > 0, k - 1 - (mantissa_bits - 2), torch.full_like(k, -E8M0_BIAS))
+    e = e.clamp_(-E8M0_BIAS, E8M0_BIAS)
+    top = 2 ** (mantissa_bits - 1) - 1
+    m = torch.round(g * torch.exp2(-e.float())).clamp_(-top, top).to(torch.int8).flatten(-2)
+    if mantissa_bits < 8:
+        m = pack_codes(m.to(torch.uint8) & (2**mantissa_bits - 1), mantissa_bits)
+    return BlockFloat(m, (e + E8M0_BIAS).to(torch.uint8), mantissa_bits, block_size)

@@ -73,6 +73,9 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         "spec": SPEC_VERSION, "model": cfg.model.name, "model_path": cfg.model.get("path"), "dtype": dtype,
         "device": device, "task": task_cfg, "seed": cfg.seed, "prefill": cfg.engine.prefill,
     }
+    chunk_tokens = int(cfg.engine.chunk_tokens) if cfg.engine.prefill == "chunked" else 0
+    if chunk_tokens:
+        determinants["chunk_tokens"] = chunk_tokens
     config_hash = stable_hash({**determinants, "strategies": [s.label() for s in strategies]})
     run_id = f"{cfg.task.name}-{cfg.model.name}-{config_hash}"
     store = RunStore(cfg.results_dir, run_id)
@@ -100,7 +103,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
 
     baseline_dir = Path(cfg.results_dir) / "baselines" if cfg.engine.reuse_baseline else None
     _run_with_progress(engine, samples, strategies, done, store, baseline_dir, baseline_key,
-                       bool(cfg.engine.progress))
+                       bool(cfg.engine.progress), chunk_tokens)
 
     records = pd.DataFrame([r for r in store.load_records() if r["strategy"] in labels])
     summary = summarize(records)
@@ -111,7 +114,8 @@ def run(cfg: DictConfig) -> pd.DataFrame:
 
 
 def _run_with_progress(engine: Engine, samples: list[Sample], strategies: list[Strategy], done: set[str],
-                       store: RunStore, baseline_dir: Path | None, baseline_key: Any, show: bool) -> None:
+                       store: RunStore, baseline_dir: Path | None, baseline_key: Any, show: bool,
+                       chunk_tokens: int) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     names = ", ".join(s.name for s in strategies)
@@ -119,11 +123,13 @@ def _run_with_progress(engine: Engine, samples: list[Sample], strategies: list[S
                   disable=not show, transient=False) as bar:
         tid = bar.add_task(f"samples x [{names}]", total=len(samples))
         run_samples(engine, samples, strategies, done, store.append, baseline_dir, baseline_key,
-                    progress=lambda: bar.advance(tid))
+                    progress=lambda: bar.advance(tid), chunk_tokens=chunk_tokens)
 
 
 def validate_cfg(cfg: DictConfig) -> None:
-    if cfg.engine.prefill != "shared":
-        raise KVBenchError(f"unknown engine.prefill {cfg.engine.prefill!r}; valid: shared")
+    if cfg.engine.prefill not in ("shared", "chunked"):
+        raise KVBenchError(f"unknown engine.prefill {cfg.engine.prefill!r}; valid: shared, chunked")
+    if cfg.engine.prefill == "chunked" and int(cfg.engine.chunk_tokens) < 1:
+        raise KVBenchError(f"engine.chunk_tokens must be >= 1 (got {cfg.engine.chunk_tokens})")
     if int(cfg.task.get("n_samples", 1)) < 1:
         raise KVBenchError(f"task.n_samples must be >= 1 (got {cfg.task.n_samples})")

@@ -75,6 +75,10 @@ class LayerStore(ABC):
         """Strategy-specific figures for the record (kept fraction, bytes per tier, ...)."""
         return {}
 
+    def compact(self) -> None:
+        """Optional: called by chunked prefill after each chunk to bring the store back within its budget
+        (eviction strategies re-score with the chunk's queries). Stores that compress on append need nothing."""
+
     def select_tokens(self, index: torch.Tensor) -> None:
         """Optional: keep only held tokens ``index`` (``[batch, kv_heads, n]``, ascending) and free the rest.
 

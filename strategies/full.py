@@ -33,6 +33,16 @@ class FullStore(LayerStore):
     def num_tokens(self) -> int:
         return 0 if self.keys is None else self.keys.shape[-2]
 
+    def select_tokens(self, index: torch.Tensor) -> None:
+        """Keep held tokens ``index`` (``[batch, kv_heads, n]``) in new, smaller tensors, freeing the old."""
+        if self.keys is None or self.values is None:
+            return
+        k_idx = index.unsqueeze(-1).expand(*index.shape, self.keys.shape[-1])
+        v_idx = index.unsqueeze(-1).expand(*index.shape, self.values.shape[-1])
+        # gather allocates: tensors returned to attention (or shared with a captured prefill) stay untouched.
+        self.keys = torch.gather(self.keys, 2, k_idx)
+        self.values = torch.gather(self.values, 2, v_idx)
+
 
 @dataclass
 class Full(Strategy):

@@ -1,79 +1,73 @@
 """``int8``: 8-bit integer K/V storage with float16 scales.
 
-Symmetric round-to-nearest quantization (as in LLM.int8 / KVQuant baselines), with one scale per
-token per group of ``group_size`` channels: groups lie along ``head_dim`` so every token is quantized
-on its own the moment it arrives — no full-precision residual is needed during decoding. With the
-default ``group_size = 64`` (one group per head for a 64-dim head; a group wider than the head is
-clipped to the head) this costs 8 + 16/64 = 8.25 bits
-per element, a 48.4% reduction against a 16-bit cache.
+Symmetric round-to-nearest quantization (the int8 baseline of LLM.int8, Dettmers et al. 2022, and of
+KVQuant, Hooper et al. 2024), one float16 absmax scale per group of ``group_size`` elements:
+
+* ``axis=token`` (default) — groups of channels within one token, so every token is quantized on its
+  own the moment it arrives: no full-precision residual is ever held. With the default
+  ``group_size = 64`` (one group per head for a 64-dim head; a group wider than the head is clipped to
+  the head) this costs 8 + 16/64 = 8.25 bits per element, a 48.4% reduction against a 16-bit cache.
+* ``axis=channel`` — groups of ``group_size`` consecutive tokens within one channel (KIVI's key
+  layout, Liu et al. 2024): one scale per channel per token group, 8 + 16/G bits per element. Tokens
+  that do not fill a group yet (fewer than ``group_size``) wait in a full-precision residual and are
+  quantized together once it fills.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
-from kvbench.quantizers import SymmetricInt8, quantize_int8
-from strategies.base import LayerCapture, LayerStore, Strategy, require
+from kvbench.quantizers import AXES, SymmetricInt8, TokenChunk, quantize_int8
+from strategies._quantstore import GROUP_SIZES, QuantizedStore, channel_group
+from strategies.base import LayerStore, Strategy, require
 
 
-class Int8Store(LayerStore):
-    """Appends quantized chunks; dequantizes the whole layer once per step for attention."""
+class Int8Store(QuantizedStore):
+    """Quantized chunks concatenated into one per tensor, so a step dequantizes in one op per tensor."""
+
+    strategy: Int8
 
     def __init__(self, strategy: Int8, layer_idx: int, num_layers: int) -> None:
-        super().__init__(strategy, layer_idx, num_layers)
-        self.group_size = strategy.group_size
-        self.k: list[SymmetricInt8] = []
-        self.v: list[SymmetricInt8] = []
-        self.dtype: torch.dtype | None = None
+        multiple = strategy.group_size if strategy.axis == "channel" else 1
+        super().__init__(strategy, layer_idx, num_layers, residual=0, multiple=multiple)
 
-    def _add(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self.dtype = keys.dtype
-        # Groups never span heads: a group wider than the head is one group per head.
-        self.group_size = min(self.strategy.group_size, keys.shape[-1])
-        self.k.append(quantize_int8(keys, self.group_size))
-        self.v.append(quantize_int8(values, self.group_size))
-        if len(self.k) > 1:
-            # Keep one contiguous chunk so a step dequantizes in one op, not one per past token.
-            self.k = [_concat(self.k)]
-            self.v = [_concat(self.v)]
+    def _encode(self, x: torch.Tensor) -> TokenChunk:
+        if self.strategy.axis == "channel":
+            return quantize_int8(x, self.strategy.group_size, "channel")
+        group = channel_group(self.strategy.group_size, x.shape[-1], "int8.group_size")
+        return quantize_int8(x, group, "token")
 
-    def prefill(self, keys: torch.Tensor, values: torch.Tensor, capture: LayerCapture | None) -> None:
-        self._add(keys, values)
+    def encode_keys(self, x: torch.Tensor) -> TokenChunk:
+        return self._encode(x)
 
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self._add(keys, values)
-        assert self.dtype is not None
-        return self.k[0].dequantize(self.dtype), self.v[0].dequantize(self.dtype)
+    def encode_values(self, x: torch.Tensor) -> TokenChunk:
+        return self._encode(x)
 
-    def tensors(self) -> Iterable[torch.Tensor]:
-        return [t for q in (*self.k, *self.v) for t in q.tensors()]
+    @property
+    def k(self) -> list[SymmetricInt8]:
+        """The quantized key chunks (one contiguous chunk once anything is quantized)."""
+        return [] if self.qk is None else [self.qk]  # type: ignore[list-item]
 
-    def num_tokens(self) -> int:
-        return sum(q.codes.shape[-2] for q in self.k)
-
-
-def _concat(chunks: list[SymmetricInt8]) -> SymmetricInt8:
-    first = chunks[0]
-    return SymmetricInt8(
-        torch.cat([c.codes for c in chunks], dim=-2),
-        torch.cat([c.scales for c in chunks], dim=-3),
-        first.axis, first.group_size)
+    @property
+    def v(self) -> list[SymmetricInt8]:
+        return [] if self.qv is None else [self.qv]  # type: ignore[list-item]
 
 
 @dataclass
 class Int8(Strategy):
-    """8-bit symmetric integer cache, per-token groups of ``group_size`` channels."""
+    """8-bit symmetric integer cache; groups of ``group_size`` channels per token, or tokens per channel."""
 
     name = "int8"
     family = "quantization"
     group_size: int = 64
+    axis: str = "token"
 
     def validate(self) -> None:
-        require(self.group_size in (8, 16, 32, 64, 128, 256),
-                f"int8.group_size must be one of 8, 16, 32, 64, 128, 256 (got {self.group_size})")
+        require(self.group_size in GROUP_SIZES,
+                f"int8.group_size must be one of {', '.join(map(str, GROUP_SIZES))} (got {self.group_size})")
+        require(self.axis in AXES, f"int8.axis must be one of {', '.join(AXES)} (got {self.axis!r})")
 
     def new_layer(self, layer_idx: int, num_layers: int) -> LayerStore:
         return Int8Store(self, layer_idx, num_layers)

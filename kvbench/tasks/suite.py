@@ -1,0 +1,185 @@
+"""Sample builders shared by the real-text tasks (legal, papers, fiction, custom).
+
+Two variants over the same documents:
+
+* ``retrieval`` — a needle statement at a requested token depth among ``distractors`` near-identical
+  statements; the question names the needle's key; scored by ``substring`` on the decoded reply.
+* ``continuation`` — long-range language modelling: ``context_tokens`` of real text are the prefix,
+  the next ``query_tokens`` are the query and the ``continuation_tokens`` after them are the gold,
+  scored by ``token_accuracy`` (engine, from logits).
+
+Every sample is a pure function of (task name, config, seed, sample index, tokenizer): each sample
+draws from its own ``random.Random`` seeded with a string, never from global RNG state.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from kvbench.errors import KVBenchError
+from kvbench.tasks.base import Sample
+from kvbench.tasks.corpora import Document
+from kvbench.tasks.haystack import Insert, break_ranks, draw_filler, spread_targets, weave
+from kvbench.tasks.needles import FAMILIES, sample_needles
+from kvbench.tasks.prompt import DEFAULT_INSTRUCTION, build_pieces, encode, leading_special_ids
+
+VARIANTS = ("retrieval", "continuation")
+MIN_CONTEXT = 256
+
+# Defaults shared by the task YAMLs; each task module may override some.
+DEFAULTS: dict[str, Any] = {
+    "variant": "retrieval",
+    "context_tokens": 4096,
+    "depths": [0.1, 0.5, 0.9],
+    "n_samples": 9,
+    "distractors": 2,
+    "query_aware": True,
+    "answer_prefix": True,
+    "seed": 0,
+    "max_new_tokens": 12,
+    "snap_tokens": 16,
+    "query_tokens": 16,
+    "continuation_tokens": 64,
+}
+
+
+def option(cfg: Any, key: str, defaults: dict[str, Any]) -> Any:
+    """``cfg[key]`` if set (not None), else the task's default."""
+    value = cfg.get(key, None) if cfg is not None else None
+    return defaults[key] if value is None else value
+
+
+def _as_list(value: Any) -> list[Any]:
+    if isinstance(value, str | int | float):
+        return [value]
+    return list(value)
+
+
+def _insert_text(text: str, form: str) -> str:
+    """The statement as its own paragraph; in a play it is spoken by a minor character."""
+    if form == "play":
+        return f"\nSERVANT.\n{text}\n\n"
+    return f"\n{text}\n\n"
+
+
+def build_task(task: str, cfg: Any, tokenizer: Any, max_context: int, docs: Sequence[Document],
+               defaults: dict[str, Any], random_start: bool) -> list[Sample]:
+    """Dispatch on ``cfg.variant``."""
+    variant = str(option(cfg, "variant", defaults))
+    if variant == "retrieval":
+        return retrieval_samples(task, cfg, tokenizer, max_context, docs, defaults, random_start)
+    if variant == "continuation":
+        return continuation_samples(task, cfg, tokenizer, max_context, docs, defaults, random_start)
+    raise KVBenchError(f"unknown task.variant {variant!r}; valid: {', '.join(VARIANTS)}")
+
+
+def _common(cfg: Any, defaults: dict[str, Any]) -> tuple[int, int, int]:
+    context_tokens = int(option(cfg, "context_tokens", defaults))
+    if context_tokens < MIN_CONTEXT:
+        raise KVBenchError(f"task.context_tokens must be >= {MIN_CONTEXT} (got {context_tokens})")
+    n = int(option(cfg, "n_samples", defaults))
+    if n < 1:
+        raise KVBenchError(f"task.n_samples must be >= 1 (got {n})")
+    return context_tokens, n, int(option(cfg, "seed", defaults))
+
+
+def retrieval_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, docs: Sequence[Document],
+                      defaults: dict[str, Any], random_start: bool) -> list[Sample]:
+    """Needle-among-distractors samples with exact prefix length and the needle at each asked depth."""
+    context_tokens, n, seed = _common(cfg, defaults)
+    depths = [float(d) for d in _as_list(option(cfg, "depths", defaults))]
+    if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
+        raise KVBenchError(f"task.depths must be a non-empty list of numbers in [0, 1] (got {depths})")
+    families = [str(f) for f in _as_list(option(cfg, "needles", defaults))]
+    for fam in families:
+        if fam not in FAMILIES:
+            raise KVBenchError(f"unknown needle family {fam!r} in task.needles; valid: {', '.join(sorted(FAMILIES))}")
+    n_distractors = int(option(cfg, "distractors", defaults))
+    query_aware = bool(option(cfg, "query_aware", defaults))
+    use_prefix = bool(option(cfg, "answer_prefix", defaults))
+    max_new = int(option(cfg, "max_new_tokens", defaults))
+    snap = int(option(cfg, "snap_tokens", defaults))
+    instruction = str(option(cfg, "instruction", {"instruction": DEFAULT_INSTRUCTION, **defaults}))
+    forms = {d.doc_id: d.form for d in docs}
+
+    samples = []
+    for i in range(n):
+        rng = random.Random(f"{task}:retrieval:{seed}:{i}")
+        depth = depths[i % len(depths)]
+        # Cycle families across depth sweeps so every depth sees every family.
+        family = families[(i // len(depths)) % len(families)]
+        needle, distractors = sample_needles(family, rng, n_distractors)
+        pieces = build_pieces(tokenizer, needle.question, needle.answer_prefix if use_prefix else "", instruction)
+        budget = pieces.document_budget(context_tokens, query_aware)
+        # Statements read like the first document (a speech in a play, a paragraph elsewhere), so the
+        # filler is drawn first at full budget and trimmed once the inserts' lengths are known.
+        filler = draw_filler(tokenizer, docs, random.Random(f"{task}:filler:{seed}:{i}"), budget, random_start)
+        form = forms[filler.sources[0]["doc_id"]]
+        needle_ids = encode(tokenizer, _insert_text(needle.text, form))
+        dist_ids = [encode(tokenizer, _insert_text(d.text, form)) for d in distractors]
+        inserted = len(needle_ids) + sum(len(d) for d in dist_ids)
+        if budget - inserted < MIN_CONTEXT // 2:
+            raise KVBenchError(f"task.context_tokens={context_tokens} leaves {budget} document tokens, too few for "
+                               f"the needle and {n_distractors} distractors ({inserted} tokens)")
+        target = round(depth * (budget - len(needle_ids)))
+        min_gap = 2 * snap + 8
+        dist_targets = spread_targets(rng, budget, [(target, len(needle_ids))], [len(d) for d in dist_ids], min_gap)
+        filler = filler.truncate(budget - inserted)
+        inserts = [Insert(needle_ids, target, "needle")] + [
+            Insert(ids, t, "distractor") for ids, t in zip(dist_ids, dist_targets, strict=True)]
+        region, starts = weave(filler.ids, break_ranks(tokenizer, filler.ids), inserts, snap)
+        prefix, query = pieces.assemble(region, query_aware)
+        sample_id = f"{task}/retrieval/{i:03d}"
+        doc_start = len(pieces.head)
+        samples.append(Sample(
+            sample_id=sample_id, prefix_ids=prefix, query_ids=query,
+            gold_ids=pieces.gold_ids(tokenizer, needle.gold), answers=list(needle.answers), metric="substring",
+            max_new_tokens=max_new,
+            metadata={
+                "task": task, "variant": "retrieval", "template": pieces.template, "seed": seed, "index": i,
+                "context_tokens": len(prefix), "query_aware": query_aware, "answer_prefix": use_prefix,
+                "depth": depth, "needle_token_index": doc_start + starts[0],
+                "needle_depth": starts[0] / max(1, budget - len(needle_ids)), "needle_tokens": len(needle_ids),
+                "document_span": [doc_start, doc_start + budget],
+                "distractors": len(distractors),
+                "distractor_token_indices": [doc_start + s for s in starts[1:]],
+                "distractor_values": [d.value for d in distractors],
+                "needle_family": family, "needle_key": needle.key, "needle_text": needle.text,
+                "question": needle.question, "answer_prefix_text": needle.answer_prefix if use_prefix else "",
+                "form": form,
+                "source_docs": [s["doc_id"] for s in filler.sources],
+                "source_offsets": [s["char_start"] for s in filler.sources],
+            }))
+    return samples
+
+
+def continuation_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, docs: Sequence[Document],
+                         defaults: dict[str, Any], random_start: bool) -> list[Sample]:
+    """Held-out continuation of real text after ``context_tokens`` of it (raw text, no chat template)."""
+    context_tokens, n, seed = _common(cfg, defaults)
+    q_len = int(option(cfg, "query_tokens", defaults))
+    g_len = int(option(cfg, "continuation_tokens", defaults))
+    if q_len < 1 or g_len < 1:
+        raise KVBenchError(f"task.query_tokens and task.continuation_tokens must be >= 1 (got {q_len}, {g_len})")
+    lead = leading_special_ids(tokenizer)
+    samples = []
+    for i in range(n):
+        rng = random.Random(f"{task}:continuation:{seed}:{i}")
+        body = context_tokens - len(lead)
+        filler = draw_filler(tokenizer, docs, rng, body + q_len + g_len, random_start)
+        ids = filler.ids
+        prefix, query, gold = lead + ids[:body], ids[body:body + q_len], ids[body + q_len:]
+        sample_id = f"{task}/continuation/{i:03d}"
+        samples.append(Sample(
+            sample_id=sample_id, prefix_ids=prefix, query_ids=query, gold_ids=gold,
+            answers=[tokenizer.decode(gold)], metric="token_accuracy", max_new_tokens=g_len,
+            metadata={
+                "task": task, "variant": "continuation", "template": "raw", "seed": seed, "index": i,
+                "context_tokens": len(prefix), "query_aware": False, "depth": None, "needle_token_index": None,
+                "distractors": 0, "query_tokens": q_len, "continuation_tokens": g_len,
+                "source_docs": [s["doc_id"] for s in filler.sources],
+                "source_offsets": [s["char_start"] for s in filler.sources],
+            }))
+    return samples

@@ -1,0 +1,102 @@
+"""``fp8``: K/V stored as 8-bit floating point (``float8_e4m3fn`` or ``float8_e5m2``).
+
+The formats of Micikevicius et al. 2022 ("FP8 Formats for Deep Learning"): E4M3 (3 mantissa bits,
+largest finite value 448, no infinities) and E5M2 (2 mantissa bits, range up to 57344). FP8 KV caches
+are what vLLM and TensorRT-LLM ship, and transformers' ``Fp8QuantizedLayer``. Values are divided by a
+float32 absmax scale so the largest one lands on the format's largest finite value:
+
+* ``scale=tensor`` — one scale per layer for K and one for V;
+* ``scale=channel`` — one scale per (batch, KV head, channel), i.e. ``[b, h, 1, head_dim]`` — keys
+  have channel-wise outliers, which a single scale spends the format's range on.
+
+Scales are calibrated once, on the prefill, and then fixed: decoded tokens are encoded with them and
+*saturate* (clamp to ``±fmax * scale``) when they fall outside the prefill's range — E4M3 has no
+infinity, so the clamp is also what keeps them finite. ``stats()`` reports the saturated fraction of
+decoded elements. Nothing is ever re-quantized, so there is no full-precision residual and tokens can
+be dropped exactly. Cost: 8 bits per element plus the (token-independent) scales.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from kvbench.quantizers import FP8_FORMATS, FP8_SCALES, Fp8Quant, fp8_scale, quantize_fp8
+from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
+
+
+class Fp8Store(LayerStore):
+    """One FP8 payload per tensor, grown by concatenation, with scales fixed at prefill."""
+
+    strategy: Fp8
+
+    def __init__(self, strategy: Fp8, layer_idx: int, num_layers: int) -> None:
+        super().__init__(strategy, layer_idx, num_layers)
+        self.k: Fp8Quant | None = None
+        self.v: Fp8Quant | None = None
+        self.dtype: torch.dtype | None = None
+        self.decoded_elements = 0
+        self.saturated = 0
+
+    def _ingest(self, keys: torch.Tensor, values: torch.Tensor, decoding: bool) -> None:
+        self.dtype = keys.dtype
+        fmt = self.strategy.format
+        if self.k is None or self.v is None:
+            if keys.shape[-2] == 0:
+                return  # nothing to calibrate on yet: the first tokens to arrive set the scales
+            ks, vs = fp8_scale(keys, fmt, self.strategy.scale), fp8_scale(values, fmt, self.strategy.scale)
+            (self.k, _), (self.v, _) = quantize_fp8(keys, fmt, ks), quantize_fp8(values, fmt, vs)
+            return
+        (k, sk), (v, sv) = quantize_fp8(keys, fmt, self.k.scale), quantize_fp8(values, fmt, self.v.scale)
+        self.k, self.v = self.k.cat(k), self.v.cat(v)  # type: ignore[assignment]
+        if decoding:
+            self.decoded_elements += keys.numel() + values.numel()
+            self.saturated += sk + sv
+
+    def prefill(self, keys: torch.Tensor, values: torch.Tensor, capture: LayerCapture | None) -> None:
+        self._ingest(keys, values, decoding=False)
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self._ingest(keys, values, decoding=True)
+        assert self.k is not None and self.v is not None and self.dtype is not None
+        return self.k.dequantize(self.dtype), self.v.dequantize(self.dtype)
+
+    def select_tokens(self, index: torch.Tensor) -> None:
+        """Exact: FP8 elements are independent and the scales do not depend on the tokens kept."""
+        assert self.k is not None and self.v is not None
+        self.k, self.v = self.k.take(index), self.v.take(index)  # type: ignore[assignment]
+
+    def tensors(self) -> Iterable[torch.Tensor]:
+        return [t for q in (self.k, self.v) if q is not None for t in q.tensors()]
+
+    def num_tokens(self) -> int:
+        return 0 if self.k is None else self.k.num_tokens
+
+    def stats(self) -> dict[str, float]:
+        if self.k is None or self.num_tokens() == 0:
+            return {}
+        out = {"bits_per_element": 8 * held_bytes(self.tensors()) / (2 * self.k.payload.numel())}
+        if self.decoded_elements:
+            out["saturated_fraction"] = self.saturated / self.decoded_elements
+        return out
+
+
+@dataclass
+class Fp8(Strategy):
+    """FP8 cache (E4M3 or E5M2) with per-tensor or per-channel float32 scales fixed at prefill."""
+
+    name = "fp8"
+    family = "quantization"
+    format: str = "e4m3"
+    scale: str = "tensor"
+
+    def validate(self) -> None:
+        require(self.format in FP8_FORMATS,
+                f"fp8.format must be one of {', '.join(FP8_FORMATS)} (got {self.format!r})")
+        require(self.scale in FP8_SCALES,
+                f"fp8.scale must be one of {', '.join(FP8_SCALES)} (got {self.scale!r})")
+
+    def new_layer(self, layer_idx: int, num_layers: int) -> LayerStore:
+        return Fp8Store(self, layer_idx, num_layers)

@@ -1,0 +1,414 @@
+"""``tiered``: a hot device tier plus cold host-memory and disk tiers read back on demand.
+
+Offloading as in FlexGen (Sheng et al., ICML 2023, "FlexGen: High-Throughput Generative Inference of
+Large Language Models with a Single GPU") and InfiniGen (Lee et al., OSDI 2024): the device keeps a
+*hot* set — the first ``sink_tokens`` (attention sinks, Xiao et al. 2023 "StreamingLLM"), the
+``recent_tokens`` newest tokens and optionally the ``hot_heavy_tokens`` most-attended tokens of each
+KV head, scored from the captured observation-window queries as in SnapKV (Li et al. 2024) — and
+every other token lives in a cold tier: ``host_fraction`` of them in host memory (pinned on CUDA),
+the oldest rest on disk in memory-mapped files under ``kvbench.models.cache_dir()/"tiers"``,
+optionally stored as int8 (``cold_quant``). Nothing is dropped: each step reads the cold blocks back
+into a compute buffer and attends over every token in its original order, so with
+``cold_quant=none`` the output equals ``full`` bit for bit.
+
+As decoding proceeds the recent window slides: once ``block_tokens`` tokens have aged out of it,
+they are demoted as one block to host or disk (keeping the host share at ``host_fraction``).
+
+Prefetch: when layer *i* runs, the cold blocks of layer *i + 1* are read on a background thread, so
+their copies overlap layer *i*'s attention and MLP; layer *i + 1* waits only for what is not done
+(``measured_stall_seconds_per_step``). On CPU the "device" is host memory: the reads are real
+memcpys (host tier) and real memory-mapped file reads (disk tier; with ``drop_page_cache`` the files
+are evicted from the OS page cache after every write and read, so each read really comes from the
+disk), and their wall time is *measured*; what a GPU would pay for the same bytes over PCIe/NVMe is
+*modelled* from the hardware profile and labelled ``modelled_``. See ``docs/tiered-cache.md``.
+
+``kv_bytes`` counts device-resident bytes only (hot tier plus the position indices of cold blocks):
+the mission is device memory. Host and disk bytes are reported in ``stats()``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from kvbench.errors import KVBenchError
+from kvbench.quantizers import SymmetricInt8, quantize_int8
+from strategies._tiers import (
+    DiskPacket,
+    HostPacket,
+    Packet,
+    StoreDir,
+    join_group,
+    modelled_transfer,
+    prefetcher,
+    run_profile,
+    timed_read,
+)
+from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
+
+_SERIAL = itertools.count()
+Read = tuple[list[torch.Tensor], float]  # a block's tensors in compute memory, and the seconds the read took
+_STREAMS: dict[torch.device, Any] = {}  # one side stream per CUDA device for prefetch copies
+
+
+@dataclass
+class ColdBlock:
+    """Up to ``block_tokens`` cold tokens of one layer, in one tier."""
+
+    packet: Packet
+    tokens: int
+    start: int | None  # first position when the block is one run of positions shared by all heads
+    index: torch.Tensor | None  # else int32 positions [batch, kv_heads, tokens], on the compute device
+    serial: int
+
+
+def attention_mass(keys: torch.Tensor, capture: LayerCapture, window: int) -> torch.Tensor:
+    """Softmax attention each key receives from the last ``window`` captured queries, summed over those
+    queries and the query heads of its group: ``[batch, kv_heads, tokens]`` (SnapKV's observation vote)."""
+    assert capture.queries is not None
+    queries = capture.queries[..., -window:, :]
+    b, hq, w, d = queries.shape
+    hkv, t = keys.shape[1], keys.shape[-2]
+    # Query head j reads KV head j // groups (transformers' repeat_kv layout).
+    q = queries.float().reshape(b, hkv, (hq // hkv) * w, d)
+    logits = q @ keys.float().transpose(-1, -2) * capture.scaling
+    if capture.positions is not None:
+        pos = capture.positions.reshape(-1, capture.positions.shape[-1])[0, -w:].to(keys.device)
+    else:
+        pos = torch.arange(t - w, t, device=keys.device)
+    future = torch.arange(t, device=keys.device)[None, :] > pos[:, None]  # causal mask [w, t]
+    logits.masked_fill_(future.repeat(hq // hkv, 1), float("-inf"))
+    return torch.softmax(logits, dim=-1).sum(dim=-2)
+
+
+class TieredStore(LayerStore):
+    """Hot segments on the compute device; cold blocks in host memory or memory-mapped files."""
+
+    def __init__(self, strategy: Tiered, layer_idx: int, num_layers: int) -> None:
+        super().__init__(strategy, layer_idx, num_layers)
+        self.cfg = strategy
+        self.group = join_group(strategy, self)
+        self.dir = StoreDir(prefix=f"L{layer_idx:03d}-")
+        self.blocks: list[ColdBlock] = []
+        self.sink: tuple[torch.Tensor, torch.Tensor] | None = None  # positions 0 .. s-1
+        self.heavy: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # k, v, int32 positions
+        self.recent: tuple[torch.Tensor, torch.Tensor] | None = None  # positions recent_start .. total-1
+        self.recent_start = 0
+        self.total = 0
+        self.shape: tuple[int, int, int] | None = None  # batch, kv_heads, head_dim
+        self.dtype: torch.dtype | None = None
+        self.device: torch.device | None = None
+        self._staged: Future | None = None
+        # Measured counters (real wall time of the copies this process did).
+        self.steps = 0
+        self.read_bytes = {"host": 0, "disk": 0}
+        self.read_seconds = 0.0
+        self.stall_seconds = 0.0
+        self.written_bytes = {"host": 0, "disk": 0}
+        self.write_seconds = 0.0
+
+    # -- building ------------------------------------------------------------------------------
+    def _init(self, keys: torch.Tensor) -> None:
+        b, h, _, d = keys.shape
+        self.shape, self.dtype, self.device = (b, h, d), keys.dtype, keys.device
+        if self.cfg.cold_quant == "int8":
+            require(d % self.cfg.quant_group_size == 0,
+                    f"tiered.quant_group_size={self.cfg.quant_group_size} must divide head_dim={d}; "
+                    "valid: a divisor of head_dim among 8, 16, 32, 64, 128, 256")
+
+    def prefill(self, keys: torch.Tensor, values: torch.Tensor, capture: LayerCapture | None) -> None:
+        self._init(keys)
+        cfg, t = self.cfg, keys.shape[-2]
+        s = min(cfg.sink_tokens, t)
+        r = min(cfg.recent_tokens, t - s)
+        middle = t - s - r
+        n_heavy = min(cfg.hot_heavy_tokens, middle)
+        n_cold = middle - n_heavy
+        # Slices are cloned: a view would keep the shared prefill's whole storage alive (and counted).
+        self.sink = (keys[:, :, :s].clone(), values[:, :, :s].clone())
+        self.recent = (keys[:, :, t - r:].clone(), values[:, :, t - r:].clone())
+        self.recent_start, self.total = t - r, t
+        cold_index: torch.Tensor | None = None
+        if n_heavy:
+            if capture is None or capture.queries is None:
+                raise KVBenchError("tiered.hot_heavy_tokens > 0 needs the captured queries: build the cache "
+                                   "with KVBenchCache.from_capture(..., captures) or inside cache.attach(model)")
+            mass = attention_mass(keys, capture, cfg.observation_window)[..., s:s + middle]
+            top = mass.topk(n_heavy, dim=-1).indices
+            is_hot = torch.zeros_like(mass, dtype=torch.int8).scatter_(-1, top, 1)
+            # A stable sort of the 0/1 flags lists cold positions first, then hot ones, each ascending.
+            order = torch.argsort(is_hot, dim=-1, stable=True) + s
+            cold_index, heavy_index = order[..., :n_cold], order[..., n_cold:]
+            self.heavy = (_gather(keys, heavy_index), _gather(values, heavy_index),
+                          heavy_index.to(torch.int32))
+        n_host = round(cfg.host_fraction * n_cold)
+        n_disk = n_cold - n_host
+        # The oldest cold tokens go to disk, the newer ones (closer to the recent window) to host memory.
+        for tier, lo, hi in (("disk", 0, n_disk), ("host", n_disk, n_cold)):
+            for a in range(lo, hi, cfg.block_tokens):
+                z = min(a + cfg.block_tokens, hi)
+                if cold_index is None:
+                    self._offload(keys[:, :, s + a:s + z], values[:, :, s + a:s + z], tier, s + a, None)
+                else:
+                    idx = cold_index[..., a:z]
+                    self._offload(_gather(keys, idx), _gather(values, idx), tier, None, idx)
+
+    def _offload(self, k: torch.Tensor, v: torch.Tensor, tier: str, start: int | None,
+                 index: torch.Tensor | None) -> None:
+        """Write one block to ``tier`` (the payload is copied; the caller's tensors are untouched)."""
+        began = time.perf_counter()
+        if self.cfg.cold_quant == "int8":
+            qk, qv = quantize_int8(k, self.cfg.quant_group_size), quantize_int8(v, self.cfg.quant_group_size)
+            payload = [qk.codes, qk.scales, qv.codes, qv.scales]
+        else:
+            payload = [k, v]
+        assert self.device is not None
+        packet: Packet = (HostPacket(payload, pin=self.device.type == "cuda") if tier == "host"
+                          else DiskPacket(self.dir.get(), payload, self.cfg.drop_page_cache))
+        self.write_seconds += time.perf_counter() - began
+        self.written_bytes[tier] += packet.nbytes
+        self.blocks.append(ColdBlock(packet, k.shape[-2], start,
+                                     None if index is None else index.to(torch.int32), next(_SERIAL)))
+
+    # -- one attention step ----------------------------------------------------------------------
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.recent is None:  # nothing prefilled: start an empty store
+            self._init(keys)
+            empty = keys[:, :, :0].clone(), values[:, :, :0].clone()
+            self.sink, self.recent = empty, empty
+        staged = self._take_staged()
+        assert self.recent is not None
+        self.recent = (torch.cat([self.recent[0], keys], dim=-2), torch.cat([self.recent[1], values], dim=-2))
+        self.total += keys.shape[-2]
+        if self.cfg.prefetch:
+            following = self.group.store(self.layer_idx + 1)
+            if following is not None:
+                following.stage()
+        out = self._assemble(staged)
+        self._demote()
+        self.steps += 1
+        return out
+
+    def stage(self) -> None:
+        """Start reading this layer's cold blocks on the prefetch thread (called by the previous layer)."""
+        if self._staged is None and self.blocks and self.device is not None:
+            self._staged = prefetcher().submit(_read_blocks, list(self.blocks), self.device)
+
+    def _take_staged(self) -> dict[int, Read]:
+        future, self._staged = self._staged, None
+        if future is None:
+            return {}
+        began = time.perf_counter()
+        result = future.result()
+        self.stall_seconds += time.perf_counter() - began
+        return result
+
+    def _assemble(self, staged: dict[int, Read]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every held token in position order: hot segments placed directly, cold blocks read back."""
+        assert self.shape is not None and self.sink is not None and self.recent is not None
+        b, h, d = self.shape
+        out_k = torch.empty(b, h, self.total, d, dtype=self.dtype, device=self.device)
+        out_v = torch.empty_like(out_k)
+        s = self.sink[0].shape[-2]
+        out_k[:, :, :s], out_v[:, :, :s] = self.sink
+        out_k[:, :, self.recent_start:], out_v[:, :, self.recent_start:] = self.recent
+        if self.heavy is not None:
+            hk, hv, pos = self.heavy
+            _place(out_k, out_v, hk, hv, None, pos)
+        assert self.device is not None
+        for block in self.blocks:
+            parts, seconds = staged.get(block.serial) or timed_read(block.packet, self.device)
+            if self.device.type == "cuda":  # read on the prefetch stream, used on this one
+                for p in parts:
+                    p.record_stream(torch.cuda.current_stream(self.device))
+            self.read_seconds += seconds
+            self.read_bytes[block.packet.tier] += block.packet.nbytes
+            k, v = self._decode(parts)
+            _place(out_k, out_v, k, v, block.start, block.index)
+        return out_k, out_v
+
+    def _decode(self, parts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.dtype is not None
+        if self.cfg.cold_quant == "none":
+            return parts[0], parts[1]
+        g = self.cfg.quant_group_size
+        return (SymmetricInt8(parts[0], parts[1], "token", g).dequantize(self.dtype),
+                SymmetricInt8(parts[2], parts[3], "token", g).dequantize(self.dtype))
+
+    def _demote(self) -> None:
+        """Move whole blocks that aged out of the recent window to a cold tier."""
+        assert self.recent is not None
+        bt = self.cfg.block_tokens
+        n_blocks = max(0, self.recent[0].shape[-2] - self.cfg.recent_tokens) // bt
+        if not n_blocks:
+            return
+        k, v = self.recent
+        for j in range(n_blocks):
+            a = j * bt
+            tier = self._tier_for(bt)
+            self._offload(k[:, :, a:a + bt], v[:, :, a:a + bt], tier, self.recent_start + a, None)
+        n = n_blocks * bt
+        self.recent = (k[:, :, n:].clone(), v[:, :, n:].clone())
+        self.recent_start += n
+
+    def _tier_for(self, tokens: int) -> str:
+        """Host while that keeps the host share of cold tokens within ``host_fraction``, else disk."""
+        host = sum(b.tokens for b in self.blocks if b.packet.tier == "host")
+        cold = sum(b.tokens for b in self.blocks)
+        return "host" if host + tokens <= self.cfg.host_fraction * (cold + tokens) + 1e-9 else "disk"
+
+    # -- accounting ------------------------------------------------------------------------------
+    def tensors(self) -> Iterable[torch.Tensor]:
+        """Device-resident tensors only: hot segments and cold-block positions (host/disk: see stats)."""
+        held: list[torch.Tensor] = []
+        for seg in (self.sink, self.heavy, self.recent):
+            if seg is not None:
+                held.extend(seg)
+        held.extend(b.index for b in self.blocks if b.index is not None)
+        return held
+
+    def num_tokens(self) -> int:
+        return self.total
+
+    def tier_tokens(self) -> dict[str, int]:
+        host = sum(b.tokens for b in self.blocks if b.packet.tier == "host")
+        disk = sum(b.tokens for b in self.blocks if b.packet.tier == "disk")
+        return {"hot": self.total - host - disk, "host": host, "disk": disk}
+
+    def tier_bytes(self) -> dict[str, int]:
+        return {"hot": held_bytes(self.tensors()),
+                "host": sum(b.packet.nbytes for b in self.blocks if b.packet.tier == "host"),
+                "disk": sum(b.packet.nbytes for b in self.blocks if b.packet.tier == "disk")}
+
+    def stats(self) -> dict[str, float]:
+        """Whole-model figures: additive per-layer quantities are multiplied by the layer count, so the
+        mean over layers that ``KVBenchCache.stats()`` takes is the sum over layers."""
+        n = self.num_layers
+        tb, tt = self.tier_bytes(), self.tier_tokens()
+        total = max(self.total, 1)
+        st: dict[str, float] = {
+            "hot_bytes": n * tb["hot"], "host_bytes": n * tb["host"], "disk_bytes": n * tb["disk"],
+            "total_held_bytes": n * sum(tb.values()),
+            "hot_token_fraction": tt["hot"] / total, "host_token_fraction": tt["host"] / total,
+            "disk_token_fraction": tt["disk"] / total,
+            # Every step reads every cold block once: the bytes one step moves, at the current state.
+            "step_host_read_bytes": n * tb["host"], "step_disk_read_bytes": n * tb["disk"],
+            "step_read_bytes": n * (tb["host"] + tb["disk"]),
+            "measured_steps": self.steps,
+            "measured_offload_write_seconds": n * self.write_seconds,
+        }
+        if self.steps:
+            st["measured_read_bytes_per_step"] = n * sum(self.read_bytes.values()) / self.steps
+            st["measured_read_seconds_per_step"] = n * self.read_seconds / self.steps
+            st["measured_stall_seconds_per_step"] = n * self.stall_seconds / self.steps
+        profile = run_profile(self.strategy)
+        read = _modelled_reads(profile, tb["host"], tb["disk"])
+        if read is not None:
+            st["modelled_step_read_seconds"] = n * read
+        write = _modelled_reads(profile, self.written_bytes["host"], self.written_bytes["disk"])
+        if write is not None:
+            st["modelled_offload_write_seconds"] = n * write
+        return st
+
+    def close(self) -> None:
+        """Release every tier now: wait for a pending prefetch, drop host blocks, delete disk files."""
+        if self._staged is not None:
+            self._staged.result()
+            self._staged = None
+        for block in self.blocks:
+            block.packet.close()
+        self.blocks = []
+        self.dir.close()
+
+
+def _read_blocks(blocks: list[ColdBlock], device: torch.device) -> dict[int, Read]:
+    """Prefetch-thread body: read each block, timing the real copies (on a side stream on CUDA)."""
+    if device.type == "cuda":
+        if device not in _STREAMS:
+            _STREAMS[device] = torch.cuda.Stream(device)
+        with torch.cuda.stream(_STREAMS[device]):
+            return {b.serial: timed_read(b.packet, device) for b in blocks}
+    return {b.serial: timed_read(b.packet, device) for b in blocks}
+
+
+def _modelled_reads(profile: Any, host_bytes: int, disk_bytes: int) -> float | None:
+    """Profile seconds to move host bytes over the host link and disk bytes from disk (then over the host
+    link when the device is a GPU); ``None`` when the profile lacks a needed figure."""
+    parts = []
+    if host_bytes:
+        parts.append(modelled_transfer(profile, host_bytes, "host"))
+    if disk_bytes:
+        parts.append(modelled_transfer(profile, disk_bytes, "disk"))
+        if getattr(profile, "device", "cpu") == "cuda":
+            parts.append(modelled_transfer(profile, disk_bytes, "host"))
+    if any(p is None for p in parts):
+        return None
+    return float(sum(parts))  # type: ignore[arg-type]
+
+
+def _gather(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return x.gather(2, index.unsqueeze(-1).expand(-1, -1, -1, x.shape[-1]))
+
+
+def _place(out_k: torch.Tensor, out_v: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int | None,
+           index: torch.Tensor | None) -> None:
+    if start is not None:
+        out_k[:, :, start:start + k.shape[-2]] = k
+        out_v[:, :, start:start + v.shape[-2]] = v
+        return
+    assert index is not None
+    idx = index.long().unsqueeze(-1).expand(-1, -1, -1, out_k.shape[-1])
+    out_k.scatter_(2, idx, k)
+    out_v.scatter_(2, idx, v)
+
+
+@dataclass
+class Tiered(Strategy):
+    """Hot sink/recent/heavy tokens on the device; the rest in host memory and on disk, read each step."""
+
+    name = "tiered"
+    family = "tiered"
+    query_window: ClassVar[int | None] = 0  # set per instance: queries are read only to score heavy tokens
+    sink_tokens: int = 4
+    recent_tokens: int = 64
+    hot_heavy_tokens: int = 0
+    observation_window: int = 32
+    host_fraction: float = 0.5
+    cold_quant: str = "none"
+    quant_group_size: int = 64
+    block_tokens: int = 128
+    prefetch: bool = True
+    drop_page_cache: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.query_window = self.observation_window if self.hot_heavy_tokens else 0  # type: ignore[misc]
+
+    def validate(self) -> None:
+        for key in ("sink_tokens", "recent_tokens", "hot_heavy_tokens"):
+            value = getattr(self, key)
+            require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+                    f"tiered.{key} must be an integer >= 0 (got {value!r})")
+        require(isinstance(self.observation_window, int) and self.observation_window >= 1,
+                f"tiered.observation_window must be an integer >= 1 (got {self.observation_window!r})")
+        require(isinstance(self.host_fraction, (int, float)) and 0.0 <= self.host_fraction <= 1.0,
+                f"tiered.host_fraction must be a number in [0, 1] (got {self.host_fraction!r})")
+        require(self.cold_quant in ("none", "int8"),
+                f"tiered.cold_quant must be one of none, int8 (got {self.cold_quant!r})")
+        require(self.quant_group_size in (8, 16, 32, 64, 128, 256),
+                "tiered.quant_group_size must be one of 8, 16, 32, 64, 128, 256 "
+                f"(got {self.quant_group_size!r})")
+        require(isinstance(self.block_tokens, int) and self.block_tokens >= 1,
+                f"tiered.block_tokens must be an integer >= 1 (got {self.block_tokens!r})")
+        for key in ("prefetch", "drop_page_cache"):
+            value = getattr(self, key)
+            require(isinstance(value, bool), f"tiered.{key} must be true or false (got {value!r})")
+
+    def new_layer(self, layer_idx: int, num_layers: int) -> LayerStore:
+        return TieredStore(self, layer_idx, num_layers)

@@ -1,0 +1,373 @@
+"""Leaderboard and claim check: files, byte-identical regeneration, sorting, filters, refusal to mix, and
+the claim logic on hand-built summaries with known answers."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pandas as pd
+import pytest
+
+from kvbench import claims, leaderboard
+from kvbench.errors import KVBenchError
+from kvbench.results import atomic_write_parquet, read_store
+
+OUTPUTS = ("leaderboard.md", "leaderboard.csv", "leaderboard.html", "claim_check.md")
+
+
+def _store_builder() -> ModuleType:
+    """tests/fixtures/store_builder.py, loaded once per session under one name (shared by the test files)."""
+    name = "kvbench_test_store_builder"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "fixtures" / "store_builder.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="session")
+def store_dir(tmp_path_factory) -> Path:
+    return _store_builder().cached_store(tmp_path_factory.getbasetemp() / "kvbench-store")
+
+
+@pytest.fixture(scope="session")
+def records(store_dir) -> pd.DataFrame:
+    return read_store(store_dir)
+
+
+def _copy_store(src: Path, dst: Path) -> Path:
+    shutil.copytree(src / "store", dst / "store")
+    return dst
+
+
+def _add_variant(results: Path, records: pd.DataFrame, **changes: str) -> None:
+    """A second run's parquet file whose records differ from the fixture's in ``changes``."""
+    variant = records.copy()
+    for col, value in changes.items():
+        variant[col] = value
+    variant["config_hash"] = variant["config_hash"] + "-variant"
+    atomic_write_parquet(variant, results / "store" / "zz-variant.parquet")
+
+
+# ------------------------------------------------------------------------------------------- files
+
+
+def test_writes_markdown_csv_html_and_claim_check(store_dir, records, tmp_path, capsys):
+    assert leaderboard.main(["--results-dir", str(store_dir), "--out-dir", str(tmp_path)]) == 0
+    for name in OUTPUTS:
+        assert (tmp_path / name).stat().st_size > 0
+    labels = sorted(records["strategy"].unique())
+    table = pd.read_csv(tmp_path / "leaderboard.csv")
+    assert sorted(table["strategy"]) == labels  # one row per (strategy, parameters)
+    for task in ("alpha", "beta"):
+        for col in ("delta_pp", "delta_ci_low", "delta_ci_high", "memory_reduction", "bytes_per_token",
+                    "prefill_s", "decode_ms_per_token", "n"):
+            assert f"{task}.{col}" in table.columns
+    assert set(table["model"]) == {"tiny-llama"} and set(table["spec_version"].astype(str)) == {"1.0"}
+    assert (table["alpha.n"] == 6).all()
+    full = table[table["strategy"] == "full"].iloc[0]
+    assert full["alpha.delta_pp"] == 0 and full["alpha.bytes_per_token"] == pytest.approx(512.0)
+
+    md = (tmp_path / "leaderboard.md").read_text()
+    assert all(f"| {label} |" in md for label in labels)
+    page = (tmp_path / "leaderboard.html").read_text()
+    assert "<style>" in page and "<script>" in page and "addEventListener" in page
+    assert "src=" not in page and "href=" not in page and "http" not in page  # self-contained
+    assert page.count("<tr>") == len(labels) + 1
+    assert "Claim check" in (tmp_path / "claim_check.md").read_text()
+    assert str(tmp_path / "leaderboard.md") in capsys.readouterr().out
+
+
+def test_regeneration_is_byte_identical(store_dir, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    # The copy's run files are renamed so the store reads them in the opposite order: output must not care.
+    files = sorted((store_dir / "store").glob("*.parquet"))
+    (b / "results" / "store").mkdir(parents=True)
+    for i, f in enumerate(reversed(files)):
+        shutil.copy(f, b / "results" / "store" / f"{i}-{f.name}")
+    assert leaderboard.main(["--results-dir", str(store_dir), "--out-dir", str(a)]) == 0
+    assert leaderboard.main(["--results-dir", str(b / "results"), "--out-dir", str(b)]) == 0
+    for name in OUTPUTS:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def test_cli_dispatches_the_subcommand(store_dir, tmp_path):
+    from kvbench.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["leaderboard", "--results-dir", str(store_dir), "--out-dir", str(tmp_path), "--task", "alpha"])
+    assert exc.value.code == 0
+    assert (tmp_path / "leaderboard.md").exists()
+
+
+# ----------------------------------------------------------------------------------------- sorting
+
+
+def _numbers(column: pd.Series) -> list[float]:
+    return [float(v) for v in column]
+
+
+def test_sort_is_best_first_per_metric_and_reversible(records):
+    lb = leaderboard.build(records, sort="alpha.bytes_per_token")  # fewer bytes are better
+    vals = _numbers(lb.table["alpha.bytes_per_token"])
+    assert vals == sorted(vals)
+    lb = leaderboard.build(records, sort="alpha.memory_reduction")  # more reduction is better
+    vals = _numbers(lb.table["alpha.memory_reduction"])
+    assert vals == sorted(vals, reverse=True)
+    lb = leaderboard.build(records, sort="alpha.memory_reduction", reverse=True)
+    assert _numbers(lb.table["alpha.memory_reduction"]) == sorted(vals)
+    lb = leaderboard.build(records, sort="strategy")
+    assert list(lb.table["strategy"]) == sorted(lb.table["strategy"])
+
+
+def test_sort_ties_fall_back_to_memory_then_label(records):
+    lb = leaderboard.build(records, sort="family")
+    table = lb.table
+    for _, grp in table.groupby("family", sort=False):
+        red = _numbers(grp["all.memory_reduction"])
+        assert red == sorted(red, reverse=True)
+    assert list(table["family"]) == sorted(table["family"])
+
+
+def test_sort_missing_values_go_last():
+    lb = leaderboard.Leaderboard(table=pd.DataFrame({"strategy": ["a", "b", "c"],
+                                                     "x.delta_pp": [float("nan"), -3.0, 1.0]}),
+                                 summary=pd.DataFrame(), records=pd.DataFrame(), tasks=["x"])
+    for reverse in (False, True):
+        out = leaderboard.sort_leaderboard(lb, "x.delta_pp", reverse).table
+        assert out["strategy"].iloc[-1] == "a"
+
+
+def test_unknown_sort_column_names_the_valid_ones(records, store_dir, tmp_path, capsys):
+    with pytest.raises(KVBenchError, match="cannot sort by 'nope'; valid columns: strategy"):
+        leaderboard.build(records, sort="nope")
+    assert leaderboard.main(["--results-dir", str(store_dir), "--out-dir", str(tmp_path), "--sort", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot sort by 'nope'" in err[0]
+
+
+# ----------------------------------------------------------------------------------------- filters
+
+
+def test_task_filter_keeps_only_those_columns(records):
+    lb = leaderboard.build(records, leaderboard.Filters(tasks=("alpha",)))
+    assert lb.tasks == ["alpha"]
+    assert not any(c.startswith("beta.") for c in lb.table.columns)
+    assert set(lb.summary["task"]) == {"alpha", claims.OVERALL}
+
+
+def test_model_hardware_and_task_filters_name_what_exists(records):
+    assert len(leaderboard.build(records, leaderboard.Filters(model="tiny-llama", hardware="cpu")).table) == 5
+    with pytest.raises(KVBenchError, match="no records with model 'nope'; found: tiny-llama"):
+        leaderboard.build(records, leaderboard.Filters(model="nope"))
+    with pytest.raises(KVBenchError, match="no records with hardware 'gpu'; found: cpu"):
+        leaderboard.build(records, leaderboard.Filters(hardware="gpu"))
+    with pytest.raises(KVBenchError, match="no records for task nope; found: alpha, beta"):
+        leaderboard.build(records, leaderboard.Filters(tasks=("nope",)))
+
+
+def test_empty_store_is_a_clear_error(tmp_path, capsys):
+    assert leaderboard.main(["--results-dir", str(tmp_path), "--out-dir", str(tmp_path)]) == 2
+    assert "the result store is empty" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------- refusal to mix
+
+
+@pytest.mark.parametrize("changes, flag, found", [
+    ({"spec_version": "2.0"}, "--spec-version", "spec versions 1.0, 2.0"),
+    ({"model": "other-model"}, "--model", "models other-model, tiny-llama"),
+])
+def test_mixing_spec_versions_or_models_is_refused(store_dir, records, tmp_path, capsys, changes, flag, found):
+    results = _copy_store(store_dir, tmp_path / "results")
+    _add_variant(results, records, **changes)
+    mixed = read_store(results)
+    with pytest.raises(KVBenchError, match=found) as exc:
+        leaderboard.build(mixed)
+    assert flag in str(exc.value) and "\n" not in str(exc.value)
+
+    assert leaderboard.main(["--results-dir", str(results), "--out-dir", str(tmp_path)]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and flag in err[0]
+    assert not (tmp_path / "leaderboard.md").exists()
+
+    # The flag it names selects one side, which then ranks as usual.
+    value = next(iter(changes.values()))
+    assert leaderboard.main(["--results-dir", str(results), "--out-dir", str(tmp_path),
+                             flag, value]) == 0
+    table = pd.read_csv(tmp_path / "leaderboard.csv")
+    col = next(iter(changes))
+    assert set(table[col].astype(str)) == {value}
+
+
+def test_a_second_run_with_the_same_samples_is_not_double_counted(store_dir, records, tmp_path):
+    results = _copy_store(store_dir, tmp_path / "results")
+    full = records[records["strategy"] == "full"]
+    _add_variant(results, full)  # e.g. `strategies=[full,h2o]` after `strategies=[full,int8]`: full twice
+    once = leaderboard.build(records).table.set_index("strategy")
+    twice = leaderboard.build(read_store(results)).table.set_index("strategy")
+    pd.testing.assert_frame_equal(once.sort_index(), twice.sort_index())
+
+
+def test_same_sample_id_at_two_lengths_is_two_samples(records):
+    paired = leaderboard.paired_records(records)
+    alpha_full = paired[(paired["task"] == "alpha") & (paired["strategy"] == "full")]
+    assert alpha_full["sample_id"].nunique() == 6
+    renamed = records.assign(sample_id=records["sample_id"].str.replace(r"-\d+-", "-", regex=True))
+    again = leaderboard.paired_records(renamed)
+    assert again[(again["task"] == "alpha") & (again["strategy"] == "full")]["sample_id"].nunique() == 6
+
+
+# ------------------------------------------------------------------------------------- claim check
+
+
+def _row(task: str, strategy: str, family: str, red: float, delta: float, lo: float, hi: float,
+         kept: float = 1.0, base_acc: float = 0.8) -> dict:
+    return {"task": task, "strategy": strategy, "family": family, "n": 50, "accuracy": base_acc + delta / 100,
+            "delta_pp": delta, "delta_ci_low": lo, "delta_ci_high": hi,
+            "relative_loss": -delta / 100 / base_acc if base_acc else float("nan"),
+            "memory_reduction": red, "kept_fraction": kept}
+
+
+def _summary(rows: list[dict], tasks: tuple[str, ...] = ("legal", "papers", "fiction")) -> pd.DataFrame:
+    base = [_row(t, "full", "baseline", 0.0, 0.0, 0.0, 0.0) for t in tasks]
+    return pd.DataFrame(base + rows)
+
+
+def test_largest_reduction_within_one_point_and_within_one_percent_relative():
+    s = _summary([
+        _row("papers", "int8", "quantization", 0.48, -0.2, -1.5, +1.0),
+        _row("papers", "int4", "quantization", 0.70, -0.9, -2.5, +0.5),   # within 1 pp, 1.1% relative
+        _row("papers", "int2", "quantization", 0.85, -1.0, -3.0, +0.8),   # exactly -1: not *under* 1 point
+        _row("papers", "snapkv", "eviction", 0.75, -6.0, -9.0, -3.0),
+    ])
+    assert claims.best_within_pp(s, "papers").strategy == "int4"
+    assert claims.best_within_relative(s, "papers").strategy == "int8"
+    assert claims.best_within_pp(s, "legal") is None
+
+
+def test_headline_claim_point_estimate_and_confidence():
+    confident = _summary([_row("legal", "int8", "quantization", 0.48, -0.2, -0.8, +0.4)])
+    h = claims.headline(confident, "legal")
+    assert (h.testable, h.holds, h.holds_ci, h.in_band, h.pick.strategy) == (True, True, True, True, "int8")
+    assert "holds**, and with confidence" in h.sentence
+
+    point_only = _summary([_row("legal", "int8", "quantization", 0.48, -0.2, -2.5, +2.0)])
+    h = claims.headline(point_only, "legal")
+    assert (h.holds, h.holds_ci) == (True, False)
+    assert "point estimate only" in h.sentence and "-2.5" in h.sentence
+
+    fails = _summary([_row("legal", "int8", "quantization", 0.48, -3.0, -5.0, -1.0),
+                      _row("legal", "int8b", "quantization", 0.30, 0.0, -1.0, +1.0)])
+    h = claims.headline(fails, "legal")
+    assert (h.testable, h.holds, h.holds_ci, h.pick.strategy) == (True, False, False, "int8")
+    assert "does not hold" in h.sentence
+
+    above_band = _summary([_row("legal", "int2", "quantization", 0.85, -0.5, -0.9, 0.0)])
+    h = claims.headline(above_band, "legal")
+    assert h.holds and not h.in_band and "band itself" in h.sentence
+
+    untestable = _summary([_row("legal", "fp8", "quantization", 0.30, 0.0, -0.5, 0.5)])
+    h = claims.headline(untestable, "legal")
+    assert not h.testable and "not testable" in h.sentence and "30.0%" in h.sentence
+
+
+def test_relative_reading_is_undefined_when_the_baseline_scores_zero():
+    s = _summary([_row("legal", "int8", "quantization", 0.48, 0.0, 0.0, 0.0, base_acc=0.0)])
+    h = claims.headline(s, "legal")
+    assert h.holds and h.holds_relative is None and "undefined" in h.sentence
+
+
+def test_scenarios_follow_the_numbers():
+    quant_wins = _summary([
+        _row("papers", "int8", "quantization", 0.48, -0.1, -0.5, 0.3),
+        _row("papers", "int4", "quantization", 0.72, -0.6, -1.4, 0.2),
+        _row("papers", "snapkv", "eviction", 0.50, -4.0, -7.0, -1.0, kept=0.5),
+        _row("papers", "h2o", "eviction", 0.70, -8.0, -12.0, -4.0, kept=0.3),
+    ])
+    res = claims.scenario(quant_wins, claims.SCENARIOS[1])
+    assert res.holds is True and res.winner.strategy == "int4" and res.winner.family == "quantization"
+    assert "2 of 2 eviction strategies are dominated" in res.evidence
+
+    evict_wins = _summary([
+        _row("papers", "int8", "quantization", 0.48, -3.0, -5.0, -1.0),
+        _row("papers", "snapkv", "eviction", 0.50, -0.5, -1.0, 0.0, kept=0.5),
+    ])
+    res = claims.scenario(evict_wins, claims.SCENARIOS[1])
+    assert res.holds is False and res.winner.family == "eviction" and "eviction beats quantization" in res.evidence
+
+    legal = _summary([
+        _row("legal", "tiered", "tiered", 0.55, 0.0, -0.5, 0.5),
+        _row("legal", "streaming_llm", "eviction", 0.50, -2.0, -4.0, 0.0, kept=0.5),
+    ])
+    assert claims.scenario(legal, claims.SCENARIOS[0]).holds is True
+
+    fiction_hurts = _summary([
+        _row("fiction", "streaming_llm", "eviction", 0.50, -6.0, -9.0, -3.0, kept=0.5),
+        _row("fiction", "snapkv", "eviction", 0.50, -1.0, -2.0, 0.0, kept=0.5),
+        _row("legal", "streaming_llm", "eviction", 0.50, -0.5, -1.0, 0.0, kept=0.5),
+    ])
+    res = claims.scenario(fiction_hurts, claims.SCENARIOS[2])
+    assert res.holds is True and res.winner is None and res.closest.strategy == "snapkv"
+    assert "average -3.5 pp" in res.evidence and "-0.5 pp on the other tasks" in res.evidence
+
+    fiction_fine = _summary([_row("fiction", "snapkv", "eviction", 0.50, -0.2, -1.0, 0.4, kept=0.5)])
+    assert claims.scenario(fiction_fine, claims.SCENARIOS[2]).holds is False
+
+    no_eviction = _summary([_row("fiction", "int8", "quantization", 0.48, 0.0, 0.0, 0.0)])
+    res = claims.scenario(no_eviction, claims.SCENARIOS[2])
+    assert res.holds is None and "not testable" in res.evidence
+    assert not claims.scenario(_summary([], tasks=("legal",)), claims.SCENARIOS[2]).measured
+
+
+def test_dominance_and_group_comparison():
+    a = claims.Pick("a", "quantization", 0.5, -0.5, -1.0, 0.0, 0.0, 1.0, 10)
+    b = claims.Pick("b", "eviction", 0.5, -2.0, -3.0, -1.0, 0.0, 0.5, 10)
+    c = claims.Pick("c", "eviction", 0.9, -5.0, -7.0, -3.0, 0.0, 0.1, 10)
+    assert claims.dominates(a, b) and not claims.dominates(b, a) and not claims.dominates(a, a)
+    assert not claims.dominates(a, c) and not claims.dominates(c, a)
+    cmp = claims.compare_groups("q", [a], "e", [b, c])
+    assert cmp.b_dominated == ["b"] and cmp.a_dominated == [] and cmp.a_wins
+    assert claims.matched_pair([a], [b, c]) == (a, b)
+    assert b.drops_tokens and not a.drops_tokens
+    nan_kept = claims.Pick("d", "eviction", 0.5, 0.0, 0.0, 0.0, 0.0, math.nan, 1)
+    assert nan_kept.drops_tokens  # without the measurement, the family decides
+
+
+def test_claim_check_markdown_is_generated_from_the_numbers():
+    s = _summary([
+        _row("papers", "int8", "quantization", 0.48, -0.1, -0.5, 0.3),
+        _row("papers", "snapkv", "eviction", 0.50, -4.0, -7.0, -1.0, kept=0.5),
+    ])
+    text = claims.render_claims(claims.check_claims(s, {"model": "m", "spec_version": "1.0"}))
+    assert "Model **m**" in text and "| papers | yes | yes | yes |" in text
+    assert "| paper reading | `papers` | quantization |" in text
+    worse = s.assign(delta_pp=s["delta_pp"] * 30, delta_ci_low=s["delta_ci_low"] * 30)
+    text = claims.render_claims(claims.check_claims(worse))
+    assert "| papers | no | no |" in text and "none within 1 point" in text
+
+
+def test_fiction_evidence_breaks_the_loss_down_by_depth(records):
+    as_fiction = records.assign(task=records["task"].replace({"alpha": "fiction"}))
+    lb = leaderboard.build(as_fiction)
+    dropping = [s for s in lb.table["strategy"] if s.startswith(("snapkv", "streaming_llm"))]
+    deltas = claims.depth_deltas(lb.records, "fiction", dropping)
+    assert list(deltas) == [0.1, 0.5, 0.9]
+    recs = lb.records[lb.records["task"] == "fiction"]
+    base = recs[recs["strategy"] == "full"].set_index("sample_id")["score"]
+    expected = []
+    for s in dropping:
+        own = recs[recs["strategy"] == s]
+        shallow = own[own["sample_meta"].str.contains('"depth": 0.1')].set_index("sample_id")["score"]
+        expected.append(100 * (shallow - base[shallow.index]).mean())
+    assert deltas[0.1] == pytest.approx(sum(expected) / len(expected))
+    check = claims.check_claims(lb.summary, lb.meta, lb.records)
+    fiction = next(r for r in check.scenarios if r.scenario.task == "fiction")
+    assert fiction.holds is not None and "at depth 0.1" in fiction.evidence
+    assert claims.depth_deltas(lb.records.assign(sample_meta="{}"), "fiction", dropping) == {}
