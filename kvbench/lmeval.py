@@ -529,8 +529,38 @@ def process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]
     return {doc["metric"]: float(score(doc["metric"], results[0], list(doc["answers"])))}
 
 
+def task_config(task: str, overrides: Sequence[str] = (), seed: int = 0) -> Any:
+    """The ``task`` node exactly as ``python -m kvbench task=<task> task.<key>=<value> seed=<seed>`` composes
+    it (Hydra's compose API on kvbench's config tree, so interpolations such as ``${seed}`` resolve).
+    A task without a YAML in ``conf/task`` (registered from Python) gets ``{name: task}`` plus overrides."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from kvbench.config import conf_dir, group_options
+
+    dotted = [o if o.startswith("task.") else f"task.{o}" for o in overrides]
+    if task not in group_options("task"):
+        try:
+            return OmegaConf.merge(OmegaConf.create({"name": task, "seed": seed}),
+                                   OmegaConf.from_dotlist([o[len("task."):] for o in dotted]))
+        except OmegaConfBaseException as exc:
+            raise KVBenchError(f"bad task override in {list(overrides)}: {str(exc).splitlines()[0]}") from None
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=[f"task={task}", f"seed={seed}", *dotted])
+        return OmegaConf.create(OmegaConf.to_container(cfg.task, resolve=True))
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise KVBenchError(f"bad task override in {list(overrides)}: {str(exc).strip().splitlines()[0]}") from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def export_task(task: str, out_dir: str | Path, model: str = "smollm2-135m", model_path: str | None = None,
-                overrides: Sequence[str] = ()) -> tuple[Path, Path]:
+                overrides: Sequence[str] = (), seed: int = 0) -> tuple[Path, Path]:
     """Write ``kvbench_<task>.jsonl`` (the harness's samples as text) and ``kvbench_<task>.yaml`` into ``out_dir``.
 
     Samples are built with the named model's tokenizer, exactly as ``python -m kvbench task=<task>`` builds
@@ -540,18 +570,12 @@ def export_task(task: str, out_dir: str | Path, model: str = "smollm2-135m", mod
     import yaml
     from omegaconf import OmegaConf
 
-    from kvbench.config import conf_dir
     from kvbench.models import load_model
     from kvbench.tasks.base import build_samples
 
     out = Path(out_dir).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
-    path = conf_dir() / "task" / f"{task}.yaml"
-    base = OmegaConf.create(yaml.safe_load(path.read_text()) if path.is_file() else {"name": task})
-    try:
-        cfg = OmegaConf.merge(base, OmegaConf.from_dotlist(list(overrides)))
-    except Exception as exc:  # OmegaConf raises several types for a malformed dotlist
-        raise KVBenchError(f"bad task override in {list(overrides)}: {str(exc).splitlines()[0]}") from None
+    cfg = task_config(task, overrides, seed)
     lm = load_model(model, dtype="float32", path=model_path)
     samples = build_samples(task, cfg, lm.tokenizer, lm.max_context)
     metrics = sorted({s.metric for s in samples})
@@ -852,6 +876,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--model-path", default=None, help="checkpoint directory when --model is a local model")
     exp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="task setting, as in conf/task/<task>.yaml (repeatable), e.g. --set context_tokens=2048")
+    exp.add_argument("--seed", type=int, default=0, help="the harness's seed=, which seeds the task's sampling")
     imp = sub.add_parser("import", help="convert lm-eval results JSON into result-store records")
     imp.add_argument("results", nargs="+", help="results_*.json files or lm-eval --output_path directories")
     imp.add_argument("--results-dir", default="results", help="kvbench results directory (store/ goes inside)")
@@ -869,7 +894,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "export":
             for task in [t.strip() for t in args.task.split(",") if t.strip()]:
-                data, yaml_path = export_task(task, args.out, args.model, args.model_path, args.overrides)
+                data, yaml_path = export_task(task, args.out, args.model, args.model_path, args.overrides,
+                                              args.seed)
                 print(f"{yaml_path} ({data.name})")
             print(f"run: kvbench lmeval run --model_args pretrained={args.model} --tasks "
                   f"{','.join('kvbench_' + t.strip() for t in args.task.split(',') if t.strip())} "

@@ -177,7 +177,8 @@ def latency_figure(summary: pd.DataFrame, tasks: Sequence[str] | None = None) ->
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(ypos, [_short(s, 40) for s in labels], fontsize=7)
     axes[0].invert_yaxis()
-    axes[1].legend(fontsize=7, title=f"task (dashed: {BASELINE})", title_fontsize=7)
+    axes[1].legend(fontsize=7, title=f"task (dashed: {BASELINE})", title_fontsize=7, loc="upper left",
+                   bbox_to_anchor=(1.01, 1), borderaxespad=0)
     fig.suptitle("Latency per strategy")
     return fig
 
@@ -327,7 +328,7 @@ def memory_figure(records: pd.DataFrame, arch: Any | None = None, dtype: str | N
         color = cmap(i % ncolors)
         fam = str(sub["family"].iloc[0]) if "family" in sub else ""
         ax.scatter(sub["context_tokens"], sub["kv_bytes"] / 2**20, color=color, marker=_family_marker(fam),
-                   s=28, label=_short(label, 36), zorder=3)
+                   s=28, label=_short(label, 48), zorder=3)
         per_token = float(sub["bytes_per_token"].mean())
         ax.plot(xs, per_token * xs / 2**20, color=color, linestyle="--", linewidth=0.8)
     model = str(df["model"].iloc[0]) if "model" in df else ""

@@ -118,7 +118,7 @@ class TokenChunk:
 
     @property
     def tokenwise(self) -> bool:
-        """True when every token is encoded on its own, so tokens can be dropped without re-encoding."""
+        """True when :meth:`take` can drop tokens exactly, without re-encoding anything."""
         return getattr(self, "axis", "token") == "token"
 
     @property
@@ -132,7 +132,7 @@ class TokenChunk:
             f: torch.cat([getattr(self, f), getattr(other, f)], dim=d) for f, d in self.TOKEN_DIMS.items()})
 
     def take(self, index: torch.Tensor) -> TokenChunk:
-        """Keep tokens ``index`` (``[..., n]``, per leading position) — only for token-wise chunks."""
+        """Keep tokens ``index`` (``[..., n]``, ascending, per leading position); nothing is re-encoded."""
         if not self.tokenwise:
             raise KVBenchError(
                 f"{type(self).__name__} groups span tokens; dequantize and re-quantize instead")
@@ -146,21 +146,96 @@ class TokenChunk:
         raise KVBenchError(f"{type(self).__name__} cannot dequantize")
 
 
+class GroupedChunk(TokenChunk):
+    """Integer codes with per-group metadata (``META`` fields, grouped layout).
+
+    Channel-axis groups span tokens, so dropping tokens cannot simply gather rows of the metadata.
+    Instead :meth:`take` keeps every surviving token's codes untouched and records, in ``group_index``
+    (``[..., T]`` int16/int32), which metadata row each token uses; groups become ragged but every code
+    is still decoded with the scale it was encoded with — exact. Metadata rows no token uses any more
+    are freed (per leading position, padded to the largest count). ``group_index`` is ``None`` while
+    groups are the implicit ``token // group_size``.
+    """
+
+    META: ClassVar[tuple[str, ...]]
+    axis: str
+    group_size: int
+    group_index: torch.Tensor | None
+
+    def _codes(self) -> torch.Tensor:
+        return getattr(self, next(iter(self.TOKEN_DIMS)))
+
+    def _rows(self) -> torch.Tensor:
+        """Metadata row of every token, ``[..., T]`` int64."""
+        if self.group_index is not None:
+            return self.group_index.long()
+        codes = self._codes()
+        t = codes.shape[-2]
+        rows = torch.arange(t, device=codes.device) // self.group_size
+        return rows.expand(*codes.shape[:-2], t)
+
+    def _per_token_meta(self, dtype: torch.dtype) -> list[torch.Tensor]:
+        """Each token's metadata, ``[..., T, 1, D]``: one gather per field."""
+        rows = self._rows()
+        return [gather_tokens(getattr(self, f), rows, -3).to(dtype) for f in self.META]
+
+    def cat(self, other: TokenChunk) -> TokenChunk:
+        assert isinstance(other, GroupedChunk)
+        if self.axis == "token" or (self.group_index is None and other.group_index is None):
+            return super().cat(other)
+        n_groups = getattr(self, self.META[0]).shape[-3]
+        rows = torch.cat([self._rows(), other._rows() + n_groups], dim=-1)
+        return dataclasses.replace(self, **{  # type: ignore[type-var]
+            f: torch.cat([getattr(self, f), getattr(other, f)], dim=d) for f, d in self.TOKEN_DIMS.items()},
+            group_index=_index_tensor(rows, n_groups + getattr(other, self.META[0]).shape[-3]))
+
+    def take(self, index: torch.Tensor) -> TokenChunk:
+        if self.axis == "token":
+            return super().take(index)
+        index = index.to(device=self._codes().device, dtype=torch.long)
+        rows = torch.gather(self._rows(), -1, index)
+        n_groups = getattr(self, self.META[0]).shape[-3]
+        used = torch.zeros(*rows.shape[:-1], n_groups, dtype=torch.bool, device=rows.device)
+        used.scatter_(-1, rows, True)
+        keep = int(used.sum(-1).max()) if used.numel() else 0
+        # Used rows first (stable: in order), then as many unused ones as the widest position needs.
+        order = torch.argsort((~used).to(torch.int8), dim=-1, stable=True)[..., :keep]
+        rank = used.long().cumsum(-1) - 1
+        return dataclasses.replace(self, **{  # type: ignore[type-var]
+            next(iter(self.TOKEN_DIMS)): gather_tokens(self._codes(), index, -2),
+            **{f: gather_tokens(getattr(self, f), order, -3) for f in self.META}},
+            group_index=_index_tensor(torch.gather(rank, -1, rows), keep))
+
+
+def _index_tensor(rows: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """Token-to-row map in the smallest integer type that holds it (2 bytes per token up to 32K groups)."""
+    return rows.to(torch.int16 if n_groups <= torch.iinfo(torch.int16).max else torch.int32)
+
+
 # -- symmetric int8 -------------------------------------------------------------------------------------
 
 
 @dataclass
-class SymmetricInt8(TokenChunk):
+class SymmetricInt8(GroupedChunk):
     """Symmetric int8 codes with one float16 absmax scale per group."""
 
     codes: torch.Tensor  # int8, same shape as the input
     scales: torch.Tensor  # float16, grouped layout ([..., T, D/G, 1] or [..., T/G, 1, D])
     axis: str
     group_size: int
+    group_index: torch.Tensor | None = None  # set once tokens were dropped from channel-axis groups
 
     TOKEN_DIMS: ClassVar[dict[str, int]] = {"codes": -2, "scales": -3}
+    META: ClassVar[tuple[str, ...]] = ("scales",)
+
+    @property
+    def tokenwise(self) -> bool:
+        return True  # channel-axis groups drop tokens exactly too, through ``group_index``
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        if self.group_index is not None:
+            (s,) = self._per_token_meta(dtype)
+            return (self.codes.to(dtype).unsqueeze(-2) * s).squeeze(-2)
         g, _ = group_view(self.codes, self.group_size, self.axis)
         return (g.to(dtype) * self.scales.to(dtype)).flatten(*_group_dims(self.axis))
 
@@ -195,7 +270,7 @@ def _check_fp16_range(t: torch.Tensor, what: str) -> None:
 
 
 @dataclass
-class AsymmetricQuant(TokenChunk):
+class AsymmetricQuant(GroupedChunk):
     """Asymmetric ``bits``-bit codes packed along ``head_dim``, with float16 scale and zero point per group.
 
     ``x̂ = code * scale + zero`` with ``zero`` the group minimum and ``scale = (max - min) / (2**bits - 1)``.
@@ -207,11 +282,21 @@ class AsymmetricQuant(TokenChunk):
     bits: int
     axis: str
     group_size: int
+    group_index: torch.Tensor | None = None  # set once tokens were dropped from channel-axis groups
 
     TOKEN_DIMS: ClassVar[dict[str, int]] = {"codes": -2, "scale": -3, "zero": -3}
+    META: ClassVar[tuple[str, ...]] = ("scale", "zero")
+
+    @property
+    def tokenwise(self) -> bool:
+        return True  # channel-axis groups drop tokens exactly too, through ``group_index``
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        g, _ = group_view(unpack_codes(self.codes, self.bits).to(dtype), self.group_size, self.axis)
+        c = unpack_codes(self.codes, self.bits).to(dtype)
+        if self.group_index is not None:
+            s, z = self._per_token_meta(dtype)
+            return torch.addcmul(z, c.unsqueeze(-2), s).squeeze(-2)
+        g, _ = group_view(c, self.group_size, self.axis)
         # One fused multiply-add over the whole chunk: zero + code * scale.
         out = torch.addcmul(self.zero.to(dtype), g, self.scale.to(dtype))
         return out.flatten(*_group_dims(self.axis))

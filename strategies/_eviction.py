@@ -86,7 +86,7 @@ def gather_tokens(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def select_keep(scores: torch.Tensor | None, shape: tuple[int, int, int], keep: int, sinks: int = 0,
-                recent: int = 0) -> torch.Tensor:
+                recent: int = 0, device: torch.device | str | None = None) -> torch.Tensor:
     """Sorted indices ``[B, H, keep]`` of the tokens to keep out of ``shape = (B, H, N)``.
 
     The first ``sinks`` and the last ``recent`` tokens are always kept (sinks first when the budget is too
@@ -98,7 +98,9 @@ def select_keep(scores: torch.Tensor | None, shape: tuple[int, int, int], keep: 
     sinks = min(sinks, keep)
     recent = min(recent, keep - sinks)
     middle = keep - sinks - recent
-    parts = [torch.arange(sinks).expand(b, h, sinks), torch.arange(n - recent, n).expand(b, h, recent)]
+    dev = scores.device if scores is not None else device
+    parts = [torch.arange(sinks, device=dev).expand(b, h, sinks),
+             torch.arange(n - recent, n, device=dev).expand(b, h, recent)]
     if middle:
         if scores is None:
             raise KVBenchError("this eviction policy has no scores to choose among unprotected tokens")
@@ -152,7 +154,8 @@ def _probs(q: torch.Tensor, k: torch.Tensor, scaling: float, first_pos: int) -> 
     logits = torch.matmul(q.reshape(b, h, g * nq, d), k.transpose(-1, -2)).mul_(scaling).view(b, h, g, nq, n)
     # Keys before first_pos are in every query's past; only the trailing block needs the causal mask.
     block = logits[..., first_pos:]
-    block.masked_fill_(torch.arange(n - first_pos) > torch.arange(nq)[:, None], float("-inf"))
+    ar = torch.arange(max(n - first_pos, nq), device=q.device)
+    block.masked_fill_(ar[: n - first_pos] > ar[:nq, None], float("-inf"))
     return logits.softmax(dim=-1)
 
 
@@ -236,8 +239,9 @@ class EvictingStore(LayerStore):
         self._used = weakref.ref(q)
         return q
 
-    def _choose(self, scores: torch.Tensor | None, shape: tuple[int, int, int], keep: int) -> torch.Tensor:
-        index = select_keep(scores, shape, keep, *self.policy.protected(keep))
+    def _choose(self, scores: torch.Tensor | None, shape: tuple[int, int, int], keep: int,
+                device: torch.device) -> torch.Tensor:
+        index = select_keep(scores, shape, keep, *self.policy.protected(keep), device=device)
         self.policy.on_select(index)
         return index
 
@@ -247,7 +251,7 @@ class EvictingStore(LayerStore):
         self.seen = n
         keep = self.evict.prefill_keep(n, self.layer_idx, self.num_layers)
         scores = self.policy.prefill_scores(keys, values, self._queries(n - 1, 1), capture)
-        index = self._choose(scores, (b, h, n), keep)
+        index = self._choose(scores, (b, h, n), keep, keys.device)
         # gather copies: the shared captured prefill is never written to, and the kept rows are compact.
         self.inner.capture = capture
         self.inner.prefill(gather_tokens(keys, index), gather_tokens(values, index), capture)
@@ -267,7 +271,7 @@ class EvictingStore(LayerStore):
         queries = self._queries(self.seen - 1, self.policy.queries_needed(n_new))
         scores = self.policy.decode_scores(k_all, v_all, n_new, queries, self.capture)
         if n > budget:
-            self.inner.select_tokens(self._choose(scores, (b, h, n), budget))
+            self.inner.select_tokens(self._choose(scores, (b, h, n), budget, k_all.device))
             self.decode_evicted += n - budget
         return k_all, v_all
 
@@ -289,7 +293,7 @@ class EvictingStore(LayerStore):
                                "use a chunk of at least 2 tokens (engine.chunk_tokens >= 2)")
         k, v = pending
         scores = self.policy.prefill_scores(k, v, self._queries(self.seen - 1, 1), self.capture)
-        self.inner.select_tokens(self._choose(scores, tuple(k.shape[:3]), keep))  # type: ignore[arg-type]
+        self.inner.select_tokens(self._choose(scores, tuple(k.shape[:3]), keep, k.device))  # type: ignore[arg-type]
 
     def tensors(self) -> Iterable[torch.Tensor]:
         return [*self.inner.tensors(), *self.policy.tensors()]

@@ -62,19 +62,31 @@ class QuantizedStore(LayerStore):
     # -- ingestion ------------------------------------------------------------------------------------
     def _ingest(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         self.dtype = keys.dtype
-        grown = self.rk is not None and self.rk.shape[-2] > 0
-        rk = torch.cat([self.rk, keys], dim=-2) if grown else keys
-        rv = torch.cat([self.rv, values], dim=-2) if grown else values
-        t = rk.shape[-2]
+        if self.rk is not None and self.rv is not None and self.rk.shape[-2] > 0:
+            self.rk, self.rv = torch.cat([self.rk, keys], dim=-2), torch.cat([self.rv, values], dim=-2)
+            self._flush()
+            return
+        self.rk, self.rv = keys, values
+        if not self._flush():
+            # The caller's tensor may be a view of a larger (possibly shared prefill) buffer, which
+            # holding would keep alive and count; the few residual tokens get storage of their own.
+            self.rk = keys.clone(memory_format=torch.contiguous_format)
+            self.rv = values.clone(memory_format=torch.contiguous_format)
+
+    def _flush(self) -> bool:
+        """Quantize the oldest multiple of ``multiple`` tokens beyond the ``residual`` most recent ones."""
+        assert self.rk is not None and self.rv is not None
+        t = self.rk.shape[-2]
         n = (t - self.residual) // self.multiple * self.multiple if t > self.residual else 0
-        if n > 0:
-            qk, qv = self.encode_keys(rk[..., :n, :]), self.encode_values(rv[..., :n, :])
-            self.qk = qk if self.qk is None else self.qk.cat(qk)
-            self.qv = qv if self.qv is None else self.qv.cat(qv)
-        # A slice, or the caller's own tensor, would keep a larger (possibly shared prefill) buffer
-        # alive and counted; copy the few residual tokens into storage of their own.
-        self.rk = rk[..., n:, :].clone() if n > 0 or not grown else rk
-        self.rv = rv[..., n:, :].clone() if n > 0 or not grown else rv
+        if n <= 0:
+            return False
+        qk, qv = self.encode_keys(self.rk[..., :n, :]), self.encode_values(self.rv[..., :n, :])
+        self.qk = qk if self.qk is None else self.qk.cat(qk)
+        self.qv = qv if self.qv is None else self.qv.cat(qv)
+        # Copies, not slices: a slice would keep the whole pre-flush buffer alive.
+        self.rk = self.rk[..., n:, :].clone(memory_format=torch.contiguous_format)
+        self.rv = self.rv[..., n:, :].clone(memory_format=torch.contiguous_format)
+        return True
 
     def prefill(self, keys: torch.Tensor, values: torch.Tensor, capture: LayerCapture | None) -> None:
         self._ingest(keys, values)
@@ -95,25 +107,33 @@ class QuantizedStore(LayerStore):
 
     # -- eviction support ---------------------------------------------------------------------------
     def select_tokens(self, index: torch.Tensor) -> None:
-        """Keep held tokens ``index`` ``[batch, kv_heads, n]``.
+        """Keep held tokens ``index`` (``[batch, kv_heads, n]``, ascending per head), exactly.
 
-        Token-wise chunks with an empty residual drop tokens exactly (codes and scales are gathered).
-        Otherwise groups span tokens (or kept tokens move between chunk and residual), so the kept
-        tokens are dequantized and re-ingested: token groups are rebuilt from the survivors and the
-        tokens that were already quantized take a second rounding.
+        Every chunk drops tokens without re-encoding (token-wise formats gather codes and scales;
+        channel-axis groups become ragged through the chunk's ``group_index``). Heads may keep
+        different numbers of quantized tokens, but tensors must stay dense, so each head keeps its
+        first ``m`` kept quantized tokens in the chunk (``m`` the smallest count over heads) and the
+        rest of its kept tokens — its extra quantized ones, as their dequantized values, and its kept
+        residual ones — form the new residual, in order. Only if that residual has grown past the
+        window are its oldest tokens quantized again, as on any append.
         """
-        if self.rk is None:
+        if self.rk is None or self.rv is None:
             raise KVBenchError("select_tokens before prefill")
-        exact = (self.qk is not None and self.qv is not None and self.rk.shape[-2] == 0
-                 and self.qk.tokenwise and self.qv.tokenwise)
-        if exact:
-            assert self.qk is not None and self.qv is not None
-            self.qk, self.qv = self.qk.take(index), self.qv.take(index)
-            return
-        k, v = self.materialize()
-        k, v = gather_tokens(k, index, -2), gather_tokens(v, index, -2)
-        self.qk = self.qv = self.rk = self.rv = None
-        self._ingest(k, v)
+        index = index.to(device=self.rk.device, dtype=torch.long)
+        quantized = 0 if self.qk is None else self.qk.num_tokens
+        m = int((index < quantized).sum(-1).min()) if index.numel() else 0
+        spill = index[..., m:]
+        if bool((spill < quantized).any()):
+            k, v = self.materialize()  # spilled quantized tokens keep exactly the values attention saw
+            rk, rv = gather_tokens(k, spill, -2), gather_tokens(v, spill, -2)
+        else:
+            rk = gather_tokens(self.rk, spill - quantized, -2)
+            rv = gather_tokens(self.rv, spill - quantized, -2)
+        if self.qk is not None and self.qv is not None:
+            keep = index[..., :m]
+            self.qk, self.qv = (self.qk.take(keep), self.qv.take(keep)) if m else (None, None)
+        self.rk, self.rv = rk, rv
+        self._flush()
 
     # -- accounting ---------------------------------------------------------------------------------
     def tensors(self) -> Iterable[torch.Tensor]:

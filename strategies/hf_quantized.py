@@ -3,7 +3,7 @@
 transformers' ``QuantizedCache`` (``cache_implementation="quantized"``) implements a KIVI-like scheme
 (Liu et al. 2024) on top of an external quantization backend: ``quanto`` (optimum-quanto's
 ``MaxOptimizer`` + ``quantize_weight``, 2 or 4 bits) or ``hqq`` (Badri & Shaji 2023, "Half-Quadratic
-Quantization", 1/2/3/4/8 bits). Each of our layer stores wraps one of its layers
+Quantization", 2/4/8 bits). Each of our layer stores wraps one of its layers
 (``QuantoQuantizedLayer`` / ``HQQQuantizedLayer``) unchanged, so its exact behaviour is measured:
 
 * the whole prefill is quantized at once (no residual at prefill);
@@ -33,9 +33,11 @@ from kvbench.errors import KVBenchError
 from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
 
 BACKENDS = {
-    # backend: (valid nbits, valid axes, pip command)
-    "quanto": ((2, 4), (0, -1), "pip install --no-deps optimum-quanto ninja"),
-    "hqq": ((1, 2, 3, 4, 8), (0, 1), "pip install --no-deps hqq termcolor einops"),
+    # backend: (valid nbits, valid axes, pip command). transformers also lets through quanto axis -1 and
+    # HQQ 1/3 bits, but those fail for most token counts (quanto's groups then run across tokens; HQQ's
+    # 1/3-bit packing needs row counts divisible by 8/10), so they are refused here with a clear message.
+    "quanto": ((2, 4), (0,), "pip install --no-deps optimum-quanto ninja"),
+    "hqq": ((2, 4, 8), (0, 1), "pip install --no-deps hqq termcolor einops"),
 }
 
 

@@ -375,8 +375,8 @@ class _Tracker:
             self.pos = self.before = torch.cat([self.pos, new], -1)
             return append(keys, values)
 
-        def _choose(scores, shape, keep):
-            index = choose(scores, shape, keep)
+        def _choose(scores, shape, keep, device):
+            index = choose(scores, shape, keep, device)
             self.pos = self.pos.gather(-1, index)
             return index
 

@@ -103,7 +103,8 @@ def test_registered_with_yaml_defaults(name: str) -> None:
     ("channel_sparse", {"outlier_bits": 2}, "outlier_bits must be one of 4, 8"),
     ("hf_quantized", {"backend": "bnb"}, "hf_quantized.backend must be one of quanto, hqq"),
     ("hf_quantized", {"nbits": 8}, "nbits for backend quanto must be one of 2, 4"),
-    ("hf_quantized", {"axis_key": 1}, "axis_key for backend quanto must be one of 0, -1"),
+    ("hf_quantized", {"axis_key": -1}, "axis_key for backend quanto must be one of 0 "),
+    ("hf_quantized", {"backend": "hqq", "nbits": 3}, "nbits for backend hqq must be one of 2, 4, 8"),
 ])
 def test_bad_parameters_are_one_line_errors(name: str, params: dict, needle: str) -> None:
     with pytest.raises(KVBenchError, match=needle) as err:
@@ -168,6 +169,7 @@ BYTE_CASES = [
     ("channel_sparse", {"mode": "outlier", "outlier_bits": 8, "outlier_ratio": 0.125}),
     ("hf_quantized", {}), ("hf_quantized", {"nbits": 2, "group_size": 32}),
     ("hf_quantized", {"backend": "hqq", "axis_key": 1, "axis_value": 1}),
+    ("hf_quantized", {"backend": "hqq", "nbits": 8}),
 ]
 
 

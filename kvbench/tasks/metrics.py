@@ -3,8 +3,9 @@
 ``score(metric, prediction, answers)`` returns a value in [0, 1]; the maximum over ``answers``.
 
 * ``substring`` — after SQuAD-style normalisation (lower case, punctuation and articles removed,
-  whitespace collapsed) some answer occurs in the prediction *on word boundaries*: "45" matches
-  "45 days." but not "145 days", so a distractor value cannot count as a hit by accident.
+  whitespace collapsed, numbers kept whole) some answer occurs in the prediction *on word
+  boundaries*: "45" matches "45 days." but not "145 days", so a distractor value cannot count as a
+  hit by accident.
 * ``exact`` — normalised prediction equals a normalised answer.
 * ``f1`` — SQuAD token F1 between the normalised prediction and answer.
 * ``token_accuracy`` — computed by the engine from logits over ``gold_ids``; text scoring is refused.
@@ -26,9 +27,19 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = re.compile("[" + re.escape(string.punctuation + "\u2018\u2019\u201c\u201d\u2013\u2014\u2212") + "]")
 
 
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
+_DECIMAL = re.compile(r"(?<=\d)\.(?=\d)")
+_DOT = "\x00"
+
+
 def normalize(text: str) -> str:
-    """SQuAD-style normalisation: lower case, drop punctuation and articles, collapse whitespace."""
-    text = _PUNCT.sub(" ", text.lower())
+    """SQuAD-style normalisation: lower case, drop punctuation and articles, collapse whitespace.
+
+    Numbers stay whole ("1,250,000" -> "1250000", "91.3" stays "91.3") so that one figure can never
+    be found inside another ("250,000" is not in "1,250,000").
+    """
+    text = _DECIMAL.sub(_DOT, _THOUSANDS.sub("", text.lower()))
+    text = _PUNCT.sub(" ", text).replace(_DOT, ".")
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
 
