@@ -1,5 +1,6 @@
-"""Command line: ``python -m kvbench [hydra overrides]`` runs a benchmark; ``kvbench calc|hardware|leaderboard ...``
-dispatch to their own tools. Bad input ends with one line on stderr and exit status 2, never a traceback."""
+"""Command line: ``python -m kvbench [hydra overrides]`` runs a benchmark; ``kvbench calc|hardware|leaderboard|
+lmeval|sweep ...`` dispatch to their own tools. Bad input ends with one line on stderr and exit status 2, never a
+traceback."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ SUBCOMMANDS = {
     "calc": "kvbench.calc",
     "hardware": "kvbench.hardware",
     "leaderboard": "kvbench.leaderboard",
+    "lmeval": "kvbench.lmeval",
+    "sweep": "kvbench.sweep",
 }
 
 
@@ -54,6 +57,8 @@ def main(argv: list[str] | None = None) -> None:
         check_overrides(argv)
     except KVBenchError as exc:
         fail(str(exc))
+    # strategies_params is an open dict: its keys are new to Hydra's struct config, so add them with `++`.
+    argv = [f"++{a}" if a.startswith("strategies_params.") else a for a in argv]
     sys.argv = [sys.argv[0], *argv]
     _hydra_entry()()
 

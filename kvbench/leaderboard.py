@@ -222,6 +222,8 @@ def build(records: pd.DataFrame, filters: Filters = Filters(), sort: str | None 
                            "store is incomplete — rerun a benchmark")
     paired = paired_records(chosen)
     tasks = sorted(paired["task"].astype(str).unique())
+    if OVERALL in tasks:
+        raise KVBenchError(f"a task named {OVERALL!r} clashes with the pooled columns; filter it out with --task")
     per_task = summarize(paired)
     overall = overall_summary(paired, tasks)
     summary = pd.concat([per_task, overall], ignore_index=True) if not overall.empty else per_task

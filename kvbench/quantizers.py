@@ -2,8 +2,9 @@
 
 Every quantizer takes a tensor ``[..., tokens, head_dim]`` and returns a *chunk*: a small dataclass of
 the tensors really held (packed codes, scales, zero points, exponents) that can dequantize itself,
-list its tensors for byte accounting, be concatenated with a later chunk along the token axis and,
-when every token is encoded on its own, keep a subset of its tokens.
+list its tensors for byte accounting, be concatenated with a later chunk along the token axis, and
+keep a subset of its tokens without re-encoding anything (channel-axis groups turn ragged, see
+:class:`GroupedChunk`).
 
 Grouping convention (both layouts are free views, no copy):
 
@@ -24,6 +25,8 @@ paper); b-bit codes (b in 2, 4) are packed ``8 // b`` per byte along ``head_dim`
 from __future__ import annotations
 
 import dataclasses
+import functools
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -100,14 +103,18 @@ def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """Inverse of :func:`pack_codes`: ``uint8`` codes, ``8 // bits`` times as many along the last dim."""
     if bits == 8:
         return packed
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
-    return ((packed.unsqueeze(-1) >> shifts) & (2**bits - 1)).flatten(-2)
+    mask = 2**bits - 1
+    # One op per field (2 or 4 of them), then one interleave: about 3x faster on CPU than a broadcast
+    # shift against a tensor of shifts.
+    middle = [(packed >> s) & mask for s in range(bits, 8 - bits, bits)]
+    fields = [packed & mask, *middle, packed >> (8 - bits)]
+    return torch.stack(fields, dim=-1).flatten(-2)
 
 
 # -- chunks -------------------------------------------------------------------------------------------
 
 
-class TokenChunk:
+class TokenChunk(ABC):
     """Behaviour common to quantized chunks: concatenation, token selection, byte accounting.
 
     ``TOKEN_DIMS`` maps each per-token tensor field to its token (or token-group) dimension; other
@@ -115,11 +122,6 @@ class TokenChunk:
     """
 
     TOKEN_DIMS: ClassVar[dict[str, int]]
-
-    @property
-    def tokenwise(self) -> bool:
-        """True when :meth:`take` can drop tokens exactly, without re-encoding anything."""
-        return getattr(self, "axis", "token") == "token"
 
     @property
     def num_tokens(self) -> int:
@@ -133,17 +135,15 @@ class TokenChunk:
 
     def take(self, index: torch.Tensor) -> TokenChunk:
         """Keep tokens ``index`` (``[..., n]``, ascending, per leading position); nothing is re-encoded."""
-        if not self.tokenwise:
-            raise KVBenchError(
-                f"{type(self).__name__} groups span tokens; dequantize and re-quantize instead")
         return dataclasses.replace(self, **{  # type: ignore[type-var]
             f: gather_tokens(getattr(self, f), index, d) for f, d in self.TOKEN_DIMS.items()})
 
     def tensors(self) -> list[torch.Tensor]:
         return [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
 
-    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:  # pragma: no cover - overridden by every chunk
-        raise KVBenchError(f"{type(self).__name__} cannot dequantize")
+    @abstractmethod
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        """All tokens decoded into ``dtype``, shaped like the tensor that was quantized."""
 
 
 class GroupedChunk(TokenChunk):
@@ -228,16 +228,14 @@ class SymmetricInt8(GroupedChunk):
     TOKEN_DIMS: ClassVar[dict[str, int]] = {"codes": -2, "scales": -3}
     META: ClassVar[tuple[str, ...]] = ("scales",)
 
-    @property
-    def tokenwise(self) -> bool:
-        return True  # channel-axis groups drop tokens exactly too, through ``group_index``
-
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        # float32 arithmetic, one cast at the end: int8 -> float32 is far cheaper on CPU than -> bfloat16,
+        # and the product is rounded once.
         if self.group_index is not None:
-            (s,) = self._per_token_meta(dtype)
-            return (self.codes.to(dtype).unsqueeze(-2) * s).squeeze(-2)
-        g, _ = group_view(self.codes, self.group_size, self.axis)
-        return (g.to(dtype) * self.scales.to(dtype)).flatten(*_group_dims(self.axis))
+            (s,) = self._per_token_meta(torch.float32)
+            return (self.codes.float().unsqueeze(-2) * s).squeeze(-2).to(dtype)
+        g, _ = group_view(self.codes.float(), self.group_size, self.axis)
+        return (g * self.scales.float()).flatten(*_group_dims(self.axis)).to(dtype)
 
 
 def _group_dims(axis: str) -> tuple[int, int]:
@@ -287,19 +285,16 @@ class AsymmetricQuant(GroupedChunk):
     TOKEN_DIMS: ClassVar[dict[str, int]] = {"codes": -2, "scale": -3, "zero": -3}
     META: ClassVar[tuple[str, ...]] = ("scale", "zero")
 
-    @property
-    def tokenwise(self) -> bool:
-        return True  # channel-axis groups drop tokens exactly too, through ``group_index``
-
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        c = unpack_codes(self.codes, self.bits).to(dtype)
+        # One fused multiply-add over the whole chunk (zero + code * scale) in float32, one cast at the
+        # end: faster on CPU than bfloat16 arithmetic, and rounded once.
+        c = unpack_codes(self.codes, self.bits).float()
         if self.group_index is not None:
-            s, z = self._per_token_meta(dtype)
-            return torch.addcmul(z, c.unsqueeze(-2), s).squeeze(-2)
+            s, z = self._per_token_meta(torch.float32)
+            return torch.addcmul(z, c.unsqueeze(-2), s).squeeze(-2).to(dtype)
         g, _ = group_view(c, self.group_size, self.axis)
-        # One fused multiply-add over the whole chunk: zero + code * scale.
-        out = torch.addcmul(self.zero.to(dtype), g, self.scale.to(dtype))
-        return out.flatten(*_group_dims(self.axis))
+        out = torch.addcmul(self.zero.float(), g, self.scale.float())
+        return out.flatten(*_group_dims(self.axis)).to(dtype)
 
 
 def quantize_asymmetric(x: torch.Tensor, bits: int, group_size: int, axis: str) -> AsymmetricQuant:
@@ -337,8 +332,20 @@ class Fp8Quant(TokenChunk):
     TOKEN_DIMS: ClassVar[dict[str, int]] = {"payload": -2}
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        # FP8 values are exact in bf16/fp16/fp32, so one rounding happens: the product.
-        return self.payload.to(dtype) * self.scale.to(dtype)
+        # CPU float8 casts are slow (~10x a gather), so decode through a 256-entry table indexed by the
+        # raw bytes; a per-tensor scale is folded into the table, so the product is rounded once.
+        table = _fp8_table(self.payload.dtype, self.payload.device)
+        codes = self.payload.view(torch.uint8).flatten().int()
+        shape = self.payload.shape
+        if self.scale.numel() == 1:
+            return torch.index_select((table * self.scale.flatten()).to(dtype), 0, codes).view(shape)
+        return (torch.index_select(table, 0, codes).view(shape) * self.scale).to(dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _fp8_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The float32 value of each of the 256 bit patterns of an FP8 format (NaN patterns are never stored)."""
+    return torch.arange(256, dtype=torch.uint8, device=device).view(dtype).float()
 
 
 def fp8_dtype(fmt: str) -> torch.dtype:

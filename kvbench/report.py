@@ -73,12 +73,16 @@ def _fmt(v: float, spec: str) -> str:
 
 def print_table(summary: pd.DataFrame, console: Console | None = None) -> None:
     """The end-of-run table: strategy, task, n, accuracy, delta (CI), KV MiB, reduction, latency."""
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal or console.width < 150:
+            console = Console(width=150)  # pipes and CI logs default to 80 columns, which folds every cell
     table = Table(title="kvbench results (spec v" + str(summary["spec_version"].iloc[0]) + ")"
                   if not summary.empty else "kvbench results")
     for col in ("strategy", "task", "n", "accuracy", "delta pp (95% CI)", "KV MiB", "reduction", "KL",
                 "prefill s", "decode ms/tok"):
-        table.add_column(col, justify="left" if col in ("strategy", "task") else "right")
+        table.add_column(col, justify="left" if col in ("strategy", "task") else "right",
+                         overflow="fold")
     for r in summary.itertuples():
         ci = f"{_fmt(r.delta_pp, '+.1f')} [{_fmt(r.delta_ci_low, '+.1f')}, {_fmt(r.delta_ci_high, '+.1f')}]"
         table.add_row(r.strategy, r.task, str(r.n), _fmt(r.accuracy, ".3f"), ci, _fmt(r.kv_mib, ".2f"),

@@ -11,6 +11,7 @@ finds its directory and skips finished samples; a kill loses at most the sample 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -18,7 +19,8 @@ import platform
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -100,46 +102,66 @@ class RunStore:
         atomic_write_text(self.dir / "config.yaml", config_yaml)
         atomic_write_text(self.dir / "environment.json", json.dumps(env, indent=2, sort_keys=True))
 
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Exclusive lock on the run dir (flock on ``.lock``): appends and publishing never interleave."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
     def load_records(self) -> list[dict[str, Any]]:
-        """All complete records; a torn last line from a killed run is ignored."""
+        """All complete records, one per (config, sample, strategy) (the last written wins); a torn last
+        line from a killed run is ignored."""
         if not self.records_path.exists():
             return []
-        out = []
+        out: dict[tuple, dict[str, Any]] = {}
         with self.records_path.open() as fh:
             for line in fh:
                 try:
-                    out.append(json.loads(line))
+                    rec = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-        return out
+                out[tuple(rec.get(k) for k in RECORD_KEY)] = rec
+        return list(out.values())
 
     def append(self, records: Iterable[dict[str, Any]]) -> None:
         """Append records with one write and an fsync, so a sample's records land together or not at all."""
         blob = "".join(json.dumps(r, sort_keys=True, default=_json_default) + "\n" for r in records)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._repair_tail()
-        fd = os.open(self.records_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, blob.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def _repair_tail(self) -> None:
-        """Drop a torn final line left by a kill, so the next append starts on a fresh line."""
-        if not self.records_path.exists() or self.records_path.stat().st_size == 0:
-            return
-        data = self.records_path.read_bytes()
-        if data.endswith(b"\n"):
-            return
-        keep = data[: data.rfind(b"\n") + 1]
-        atomic_write_text(self.records_path, keep.decode())
+        with self._locked():
+            fd = os.open(self.records_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                _truncate_torn_tail(fd)
+                os.write(fd, blob.encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def write_outputs(self, summary: pd.DataFrame) -> None:
-        records = pd.DataFrame(self.load_records())
-        atomic_write_text(self.dir / "summary.csv", summary.to_csv(index=False))
-        if not records.empty:
-            atomic_write_parquet(flatten_for_store(records), self.root / "store" / f"{self.run_id}.parquet")
+        with self._locked():  # the snapshot published is never older than one already published
+            records = pd.DataFrame(self.load_records())
+            atomic_write_text(self.dir / "summary.csv", summary.to_csv(index=False))
+            if not records.empty:
+                atomic_write_parquet(flatten_for_store(records), self.root / "store" / f"{self.run_id}.parquet")
+
+
+def _truncate_torn_tail(fd: int) -> None:
+    """Drop a torn final line left by a kill, in place (ftruncate keeps the inode other appenders hold)."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return
+    end = size
+    while end > 0:
+        start = max(0, end - 65536)
+        cut = os.pread(fd, end - start, start).rfind(b"\n")
+        if cut >= 0:
+            os.ftruncate(fd, start + cut + 1)
+            return
+        end = start
+    os.ftruncate(fd, 0)
 
 
 def _json_default(obj: Any) -> Any:

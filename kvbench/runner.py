@@ -33,10 +33,26 @@ def _strategy_yaml(name: str) -> dict[str, Any]:
     return yaml.safe_load(path.read_text()) if path.is_file() else {"name": name}
 
 
+def _param_names(name: str) -> set[str]:
+    import dataclasses
+
+    return {f.name for f in dataclasses.fields(strategy_registry.strategy_class(name))}  # type: ignore[arg-type]
+
+
 def resolve_strategies(cfg: DictConfig) -> list[Strategy]:
     """``strategies=[...]`` (YAML defaults) or the single ``strategy`` group, with ``full`` first."""
     if cfg.get("strategies"):
-        specs = [(n, strategy_params(_strategy_yaml(n))) for n in cfg.strategies]
+        shared = dict(cfg.get("strategies_params") or {})
+        specs = []
+        for n in cfg.strategies:
+            params = strategy_params(_strategy_yaml(n))
+            # A shared override applies to every listed strategy that has that parameter.
+            params.update({k: v for k, v in shared.items() if k in _param_names(n)})
+            specs.append((n, params))
+        unused = set(shared) - {k for n in cfg.strategies for k in _param_names(n)}
+        if unused:
+            raise KVBenchError(f"strategies_params {', '.join(sorted(unused))} matches no parameter of "
+                               f"{', '.join(cfg.strategies)}")
     else:
         specs = [(cfg.strategy.name, strategy_params(cfg.strategy))]
     built = [strategy_registry.build(name, params) for name, params in specs]

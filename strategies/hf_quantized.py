@@ -17,8 +17,9 @@ tensors inside quanto's ``WeightQBitsTensor`` (walked through ``__tensor_flatten
 ``uint8`` tensor and its ``meta`` scale/zero, plus the residual. A group wider than the head is clipped
 to the head (as in every kvbench quantizer), so any token count is accepted.
 
-Needs ``pip install --no-deps optimum-quanto`` (with ``ninja``) or ``pip install --no-deps hqq`` (with
-``termcolor`` and ``einops``).
+Needs ``pip install --no-deps optimum-quanto`` or ``pip install --no-deps hqq termcolor`` (transformers
+imports ``hqq`` whenever it is installed, and ``hqq`` imports ``termcolor``: without it, installing
+``hqq`` breaks ``transformers.cache_utils`` altogether).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ BACKENDS = {
     # backend: (valid nbits, valid axes, pip command). transformers also lets through quanto axis -1 and
     # HQQ 1/3 bits, but those fail for most token counts (quanto's groups then run across tokens; HQQ's
     # 1/3-bit packing needs row counts divisible by 8/10), so they are refused here with a clear message.
-    "quanto": ((2, 4), (0,), "pip install --no-deps optimum-quanto ninja"),
-    "hqq": ((2, 4, 8), (0, 1), "pip install --no-deps hqq termcolor einops"),
+    "quanto": ((2, 4), (0,), "pip install --no-deps optimum-quanto"),
+    "hqq": ((2, 4, 8), (0, 1), "pip install --no-deps hqq termcolor"),
 }
 
 

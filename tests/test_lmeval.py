@@ -187,8 +187,19 @@ def test_strategy_parameter_spellings_and_yaml_defaults(tiny_dir):
 # ------------------------------------------------------------------------------- export and import
 
 
+@pytest.fixture
+def unit_tasks() -> Any:
+    """Two harness tasks on byte tokens, a generation task (substring) and a continuation task, registered
+    for one test only (other tests may list the registered tasks)."""
+    from kvbench.tasks import base
+
+    _register_unit_tasks()
+    yield
+    for name in ("lmeval_unit_gen", "lmeval_unit_cont"):
+        base._TASKS.pop(name, None)
+
+
 def _register_unit_tasks() -> None:
-    """Two harness tasks on byte tokens: a generation task (substring) and a continuation task."""
     from kvbench.tasks.base import Sample, register_task
 
     def build(metric: str) -> Any:
@@ -223,9 +234,7 @@ def _evaluate_to_files(task_dir: Path, tasks: list[str], out: Path, model_args: 
     return found
 
 
-def test_export_run_import_round_trip_into_store_and_leaderboard(tmp_path, capsys):
-    pytest.importorskip("kvbench.tasks.metrics")
-    _register_unit_tasks()
+def test_export_run_import_round_trip_into_store_and_leaderboard(tmp_path, capsys, unit_tasks):
     out = tmp_path / "tasks"
     assert lmeval.main(["export", "--task", "lmeval_unit_gen,lmeval_unit_cont", "--out", str(out),
                         "--model", "tiny-llama", "--set", "n_samples=3"]) == 0

@@ -295,9 +295,6 @@ def test_concurrent_appends_to_one_run_dir_lose_and_tear_nothing(tmp_path):
     assert len({(r["sample_id"], r["strategy"]) for r in recs}) == workers * n * 2
 
 
-@pytest.mark.xfail(strict=True, reason="results.py bug: RunStore._repair_tail replaces records.jsonl "
-                   "(os.replace) while other processes hold it open for O_APPEND; their writes land in the "
-                   "orphaned inode and are lost. Fix: flock + in-place ftruncate (see docs/scale-out.md).")
 def test_concurrent_appends_after_a_killed_job_lose_nothing(tmp_path):
     """A killed job leaves a torn last line; the resumed jobs then append concurrently."""
     store = RunStore(tmp_path, "run")
@@ -310,9 +307,6 @@ def test_concurrent_appends_after_a_killed_job_lose_nothing(tmp_path):
     assert len(recs) == 1 + workers * n * 2
 
 
-@pytest.mark.xfail(strict=True, reason="results.py bug: RunStore.load_records returns duplicate "
-                   "(sample, strategy) records when two processes ran the same job, so the run summary "
-                   "counts them twice. Fix: de-duplicate on RECORD_KEY, keeping the last (see docs/scale-out.md).")
 def test_same_job_on_two_machines_yields_no_duplicate_records(tmp_path):
     """The same job launched twice (a requeue racing the original): both append the same samples."""
     start = time.time() + 2.0
@@ -347,9 +341,6 @@ def _second_publisher(root: str, run_id: str, snap: Any, b_done: Any) -> None:
     b_done.set()
 
 
-@pytest.mark.xfail(strict=True, reason="results.py bug: RunStore.write_outputs reads records.jsonl and "
-                   "replaces store/<run>.parquet without a lock, so a slower writer can publish an older "
-                   "snapshot over a newer one. Fix: hold the run's flock across load + write (see docs/scale-out.md).")
 def test_publishing_the_store_never_loses_a_newer_snapshot(tmp_path):
     ctx = mp.get_context("spawn")
     snap, b_done = ctx.Event(), ctx.Event()

@@ -119,7 +119,8 @@ class Insert:
     role: str
 
 
-def weave(filler: Sequence[int], ranks: Sequence[int], inserts: Sequence[Insert], snap: int) -> tuple[list[int], list[int]]:
+def weave(filler: Sequence[int], ranks: Sequence[int], inserts: Sequence[Insert],
+          snap: int) -> tuple[list[int], list[int]]:
     """Interleave ``inserts`` into ``filler``; return the region and each insert's actual start.
 
     Targets are positions in the final region (filler plus inserts). Each insert is cut into the
@@ -145,23 +146,22 @@ def weave(filler: Sequence[int], ranks: Sequence[int], inserts: Sequence[Insert]
     return region, starts
 
 
-def spread_targets(rng: random.Random, region_len: int, fixed: Sequence[tuple[int, int]],
-                   lengths: Sequence[int], min_gap: int) -> list[int]:
-    """Random starts for inserts of ``lengths`` that keep ``min_gap`` tokens from each other and from
-    the ``fixed`` (start, length) spans."""
+def spread_targets(rng: random.Random, window: tuple[int, int], fixed: Sequence[tuple[int, int]],
+                   lengths: Sequence[int], min_gap: int) -> list[int] | None:
+    """Random starts for inserts of ``lengths`` inside ``window`` = [lo, hi) that keep ``min_gap``
+    tokens from each other and from the ``fixed`` (start, length) spans; None when they do not fit."""
+    lo, hi = window
     placed = list(fixed)
     out: list[int] = []
     for length in lengths:
-        hi = region_len - length
-        if hi < 0:
-            raise KVBenchError("the context is too short for the requested number of distractors")
+        if hi - length < lo:
+            return None
         for _ in range(2000):
-            t = rng.randint(0, hi)
+            t = rng.randint(lo, hi - length)
             if all(t + length + min_gap <= s or s + n + min_gap <= t for s, n in placed):
                 break
         else:
-            raise KVBenchError(f"cannot place {len(lengths)} distractors {min_gap} tokens apart in a "
-                               f"{region_len}-token document; lower task.distractors or raise task.context_tokens")
+            return None
         placed.append((t, length))
         out.append(t)
     return out

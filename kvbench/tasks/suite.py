@@ -26,6 +26,9 @@ from kvbench.tasks.needles import FAMILIES, sample_needles
 from kvbench.tasks.prompt import DEFAULT_INSTRUCTION, build_pieces, encode, leading_special_ids
 
 VARIANTS = ("retrieval", "continuation")
+# Where distractors go relative to the needle: "before" makes the needle the latest statement of its
+# kind (a small model's recency bias then cannot rescue a lost needle: it answers a distractor).
+PLACEMENTS = ("anywhere", "before", "after")
 MIN_CONTEXT = 256
 
 # Defaults shared by the task YAMLs; each task module may override some.
@@ -35,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "depths": [0.1, 0.5, 0.9],
     "n_samples": 9,
     "distractors": 2,
+    "distractor_placement": "anywhere",
     "query_aware": True,
     "answer_prefix": True,
     "seed": 0,
@@ -62,6 +66,21 @@ def _insert_text(text: str, form: str) -> str:
     if form == "play":
         return f"\nSERVANT.\n{text}\n\n"
     return f"\n{text}\n\n"
+
+
+def _place_distractors(rng: random.Random, placement: str, budget: int, target: int, needle_len: int,
+                       lengths: list[int], gap: int) -> tuple[list[int], str]:
+    """Distractor starts for ``placement``; "before"/"after" fall back to "anywhere" when the needle's
+    depth leaves no room on that side (e.g. "before" at depth 0). Returns (starts, placement used)."""
+    fixed = [(target, needle_len)]
+    windows = {"before": (0, max(0, target - gap)), "after": (min(budget, target + needle_len + gap), budget),
+               "anywhere": (0, budget)}
+    for used in (placement, "anywhere"):
+        starts = spread_targets(rng, windows[used], fixed, lengths, gap)
+        if starts is not None:
+            return starts, used
+    raise KVBenchError(f"cannot place {len(lengths)} distractors {gap} tokens apart in a {budget}-token document; "
+                       "lower task.distractors or raise task.context_tokens")
 
 
 def build_task(task: str, cfg: Any, tokenizer: Any, max_context: int, docs: Sequence[Document],
@@ -101,6 +120,9 @@ def retrieval_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, doc
     use_prefix = bool(option(cfg, "answer_prefix", defaults))
     max_new = int(option(cfg, "max_new_tokens", defaults))
     snap = int(option(cfg, "snap_tokens", defaults))
+    placement = str(option(cfg, "distractor_placement", defaults))
+    if placement not in PLACEMENTS:
+        raise KVBenchError(f"unknown task.distractor_placement {placement!r}; valid: {', '.join(PLACEMENTS)}")
     instruction = str(option(cfg, "instruction", {"instruction": DEFAULT_INSTRUCTION, **defaults}))
     forms = {d.doc_id: d.form for d in docs}
 
@@ -124,8 +146,8 @@ def retrieval_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, doc
             raise KVBenchError(f"task.context_tokens={context_tokens} leaves {budget} document tokens, too few for "
                                f"the needle and {n_distractors} distractors ({inserted} tokens)")
         target = round(depth * (budget - len(needle_ids)))
-        min_gap = 2 * snap + 8
-        dist_targets = spread_targets(rng, budget, [(target, len(needle_ids))], [len(d) for d in dist_ids], min_gap)
+        dist_targets, used_placement = _place_distractors(rng, placement, budget, target, len(needle_ids),
+                                                          [len(d) for d in dist_ids], 2 * snap + 8)
         filler = filler.truncate(budget - inserted)
         inserts = [Insert(needle_ids, target, "needle")] + [
             Insert(ids, t, "distractor") for ids, t in zip(dist_ids, dist_targets, strict=True)]
@@ -143,7 +165,7 @@ def retrieval_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, doc
                 "depth": depth, "needle_token_index": doc_start + starts[0],
                 "needle_depth": starts[0] / max(1, budget - len(needle_ids)), "needle_tokens": len(needle_ids),
                 "document_span": [doc_start, doc_start + budget],
-                "distractors": len(distractors),
+                "distractors": len(distractors), "distractor_placement": used_placement,
                 "distractor_token_indices": [doc_start + s for s in starts[1:]],
                 "distractor_values": [d.value for d in distractors],
                 "needle_family": family, "needle_key": needle.key, "needle_text": needle.text,
