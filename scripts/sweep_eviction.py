@@ -2,8 +2,8 @@
 
 One ``python -m kvbench strategies=[...] strategies_params.compression_ratio=<r>`` job per (task, ratio),
 so every eviction strategy shares each sample's prefill and the ``full`` baseline (reused from the baseline
-store after the first job); the composition runs as its own job. Each job's ``results/runs/<run-id>/summary.csv`` is read back and the
-table — accuracy, accuracy delta against ``full`` (paired, percentage points), measured memory
+store after the first job); the composition runs as its own job. Each job's
+``results/runs/<run-id>/summary.csv`` is read back and the table — accuracy, accuracy delta against ``full`` (paired, percentage points), measured memory
 reduction, KL to ``full``, time to first token and decode latency — is written to
 ``results/eviction_sweep.csv`` and ``results/eviction_sweep.md``.
 
