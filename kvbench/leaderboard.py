@@ -27,7 +27,7 @@ import json
 import math
 import numbers
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -467,28 +467,40 @@ def filters_from_args(args: argparse.Namespace) -> Filters:
                    dtype=args.dtype)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``kvbench leaderboard``; returns the exit status (0 ok, 2 bad input)."""
+def run_cli(command: str, parser: argparse.ArgumentParser, argv: list[str] | None,
+            produce: Callable[[argparse.Namespace], list[Path]]) -> int:
+    """Parse ``argv``, run ``produce`` and print the paths it wrote; a :class:`KVBenchError` becomes one
+    ``kvbench <command>: error: ...`` line on stderr. Returns the exit status (0 ok, 2 bad input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits on --help (0) and on bad arguments (2)
         return int(exc.code or 0)
-    out_dir = Path(args.out_dir or args.results_dir)
     try:
-        filters = filters_from_args(args)
-        lb = build(read_store(args.results_dir), filters, args.sort, args.reverse)
-        paths = write(lb, out_dir)
-        if args.plots:
-            from kvbench.plots import write_all
-
-            paths += write_all(lb.records, lb.summary, out_dir / "plots")
+        paths = produce(args)
     except KVBenchError as exc:
-        print(f"kvbench leaderboard: error: {exc}", file=sys.stderr)
+        print(f"kvbench {command}: error: {exc}", file=sys.stderr)
         return 2
     for path in paths:
         print(path)
     return 0
+
+
+def _write_from_args(args: argparse.Namespace) -> list[Path]:
+    out_dir = Path(args.out_dir or args.results_dir)
+    filters = filters_from_args(args)
+    lb = build(read_store(args.results_dir), filters, args.sort, args.reverse)
+    paths = write(lb, out_dir)
+    if args.plots:
+        from kvbench.plots import write_all
+
+        paths += write_all(lb.records, lb.summary, out_dir / "plots")
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``kvbench leaderboard``; returns the exit status (0 ok, 2 bad input)."""
+    return run_cli("leaderboard", build_parser(), argv, _write_from_args)
 
 
 if __name__ == "__main__":

@@ -394,24 +394,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m kvbench.plots``; returns the exit status (0 ok, 2 bad input)."""
-    from kvbench.leaderboard import build, filters_from_args
+    from kvbench.leaderboard import build, filters_from_args, run_cli
     from kvbench.results import read_store
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    try:
+    def produce(args: argparse.Namespace) -> list[Path]:
         lb = build(read_store(args.results_dir), filters_from_args(args))
-        paths = write_all(lb.records, lb.summary, Path(args.out_dir or Path(args.results_dir) / "plots"),
-                          needle_strategy=args.needle_strategy, depth_key=args.depth_key)
-    except KVBenchError as exc:
-        print(f"kvbench plots: error: {exc}", file=sys.stderr)
-        return 2
-    for path in paths:
-        print(path)
-    return 0
+        return write_all(lb.records, lb.summary, Path(args.out_dir or Path(args.results_dir) / "plots"),
+                         needle_strategy=args.needle_strategy, depth_key=args.depth_key)
+
+    return run_cli("plots", build_parser(), argv, produce)
 
 
 if __name__ == "__main__":

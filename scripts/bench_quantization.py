@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import re
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
+import _jobs
 import pandas as pd
+from _jobs import ROOT, fmt
 
-ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = ("int8", "int4", "int2", "fp8", "bfp", "channel_sparse", "hf_quantized")
 #: Non-default formats, one job each: (label, overrides).
 VARIANTS = (
@@ -41,7 +38,6 @@ VARIANTS = (
 COLUMNS = ["task", "strategy", "n", "context_tokens", "memory_reduction", "bits_per_element", "accuracy",
            "baseline_accuracy", "delta_pp", "delta_ci_low", "delta_ci_high", "kl", "top1_agreement",
            "decode_ms_per_token", "decode_vs_full"]
-RESULTS_LINE = re.compile(r"^results:\s*(\S+)\s*$", re.MULTILINE)
 
 
 @dataclass
@@ -51,8 +47,7 @@ class Job:
     overrides: list[str]
 
     def command(self, python: str, extra: list[str]) -> list[str]:
-        return [python, "-m", "kvbench", f"task={self.task}", *self.overrides, "engine.progress=false",
-                *extra]
+        return _jobs.kvbench_command(python, self.task, self.overrides, extra)
 
 
 def backend_installed() -> bool:
@@ -83,73 +78,47 @@ def jobs(tasks: list[str], names: list[str], variants: bool) -> list[Job]:
     return out
 
 
-def run_dir_from_output(stdout: str, results_dir: Path, started: float) -> Path | None:
-    """The run directory a job printed (``results: <dir>``), else the newest one written since it started."""
-    found = RESULTS_LINE.findall(stdout)
-    if found:
-        path = Path(found[-1])
-        return path if path.is_absolute() else ROOT / path
-    runs = [p for p in (results_dir / "runs").glob("*/summary.csv") if p.stat().st_mtime >= started]
-    return max(runs, key=lambda p: p.stat().st_mtime).parent if runs else None
-
-
 def rows_from_summary(summary: pd.DataFrame) -> list[dict]:
     """Non-baseline rows of one run's summary, with the run's own ``full`` as the reference for speed."""
     rows = []
-    for rec in summary.to_dict("records"):
-        if rec["strategy"] == "full":
-            continue
-        base = summary[(summary["task"] == rec["task"]) & (summary["strategy"] == "full")]
-        base_ms = float(base["decode_ms_per_token"].iloc[0]) if len(base) else float("nan")
+    for rec, base in _jobs.baseline_pairs(summary):
+        base_ms = _jobs.first(base, "decode_ms_per_token")
         reduction = float(rec.get("memory_reduction", float("nan")))
         ms = float(rec.get("decode_ms_per_token", float("nan")))
         rows.append({
             **{c: rec.get(c) for c in COLUMNS if c in rec},
             # the reduction is against a dense 16-bit cache, so it fixes the held bits per element
             "bits_per_element": 16 * (1 - reduction),
-            "baseline_accuracy": float(base["accuracy"].iloc[0]) if len(base) else float("nan"),
+            "baseline_accuracy": _jobs.first(base, "accuracy"),
             "decode_vs_full": ms / base_ms if base_ms else float("nan"),
         })
     return rows
 
 
 def build_table(rows: list[dict]) -> pd.DataFrame:
-    table = pd.DataFrame(rows)
-    for c in COLUMNS:
-        if c not in table:
-            table[c] = float("nan")
-    table = table[COLUMNS].drop_duplicates(subset=["task", "strategy"], keep="first")
+    table = _jobs.with_columns(rows, COLUMNS).drop_duplicates(subset=["task", "strategy"], keep="first")
     return table.sort_values(["task", "memory_reduction"]).reset_index(drop=True)
 
 
-def _fmt(v: object, spec: str) -> str:
-    return "-" if v is None or (isinstance(v, float) and v != v) else format(v, spec)
+def _markdown_row(r: Any) -> str:
+    return (f"| {r.strategy} | {fmt(100 * r.memory_reduction, '.1f')}% | "
+            f"{fmt(r.bits_per_element, '.2f')} | {fmt(r.accuracy, '.3f')} | {_jobs.delta_ci(r)} | "
+            f"{fmt(r.kl, '.4f')} | {fmt(r.top1_agreement, '.3f')} | "
+            f"{fmt(r.decode_ms_per_token, '.1f')} | {fmt(r.decode_vs_full, '.2f')}x |")
 
 
 def to_markdown(table: pd.DataFrame, notes: list[str]) -> str:
-    lines = ["# Quantization benchmark", "",
-             "Memory reduction is measured from the bytes each cache really holds (packed codes, scales, "
-             "zero points, full-precision residuals) against a dense 16-bit cache of the same tokens; "
-             "bits/element is 16 x (1 - reduction). Accuracy delta is paired against `full` on the same "
-             "samples (percentage points, 95% bootstrap CI); KL and top-1 agreement compare next-token "
-             "distributions with `full` over the teacher-forced answer; decode speed is relative to `full` "
-             "in the same run.", ""]
-    for task, grp in table.groupby("task", sort=True):
-        base = grp["baseline_accuracy"].dropna()
-        lines += [f"## {task}" + (f" (full: accuracy {base.iloc[0]:.3f})" if len(base) else ""), "",
-                  "| strategy | reduction | bits/elt | accuracy | delta pp (95% CI) | KL | top-1 | "
-                  "decode ms/tok | vs full |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in grp.itertuples():
-            low, high = _fmt(r.delta_ci_low, '+.1f'), _fmt(r.delta_ci_high, '+.1f')
-            ci = f"{_fmt(r.delta_pp, '+.1f')} [{low}, {high}]"
-            lines.append(f"| {r.strategy} | {_fmt(100 * r.memory_reduction, '.1f')}% | "
-                         f"{_fmt(r.bits_per_element, '.2f')} | {_fmt(r.accuracy, '.3f')} | {ci} | "
-                         f"{_fmt(r.kl, '.4f')} | {_fmt(r.top1_agreement, '.3f')} | "
-                         f"{_fmt(r.decode_ms_per_token, '.1f')} | {_fmt(r.decode_vs_full, '.2f')}x |")
-        lines.append("")
-    if notes:
-        lines += ["## Notes", "", *[f"- {n}" for n in notes], ""]
-    return "\n".join(lines)
+    return _jobs.to_markdown(
+        "Quantization benchmark",
+        "Memory reduction is measured from the bytes each cache really holds (packed codes, scales, "
+        "zero points, full-precision residuals) against a dense 16-bit cache of the same tokens; "
+        "bits/element is 16 x (1 - reduction). Accuracy delta is paired against `full` on the same "
+        "samples (percentage points, 95% bootstrap CI); KL and top-1 agreement compare next-token "
+        "distributions with `full` over the teacher-forced answer; decode speed is relative to `full` "
+        "in the same run.",
+        table, ["strategy", "reduction", "bits/elt", "accuracy", "delta pp (95% CI)", "KL", "top-1",
+                "decode ms/tok", "vs full"],
+        _markdown_row, "Notes", [f"- {n}" for n in notes])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,15 +127,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated task names (default: every conf/task/*.yaml that needs no input)")
     ap.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated quantizers")
     ap.add_argument("--variants", action="store_true", help="also run the non-default formats, one job each")
-    ap.add_argument("--extra", action="append", default=[], help="extra override for every job (repeatable)")
-    ap.add_argument("--results-dir", default="results", help="kvbench's results_dir")
-    ap.add_argument("--python", default=sys.executable)
-    ap.add_argument("--dry-run", action="store_true")
+    _jobs.add_common_args(ap)
     args = ap.parse_args(argv)
 
-    tasks = args.tasks.split(",") if args.tasks else default_tasks()
+    tasks = _jobs.task_list(args.tasks, default_tasks)
     if not tasks:
-        print("no tasks: pass --tasks or add conf/task/*.yaml", file=sys.stderr)
         return 2
     notes: list[str] = []
     names = [s for s in args.strategies.split(",") if s]
@@ -174,36 +139,15 @@ def main(argv: list[str] | None = None) -> int:
         names.remove("hf_quantized")
         notes.append("hf_quantized skipped: its quanto backend is not installed "
                      "(`pip install --no-deps optimum-quanto`)")
-    results_dir = Path(args.results_dir)
-    results_dir = results_dir if results_dir.is_absolute() else ROOT / results_dir
+    results_dir = _jobs.resolve_results_dir(args.results_dir)
     extra = [*args.extra, f"results_dir={results_dir}"]
-    todo = jobs(tasks, names, args.variants)
-    rows: list[dict] = []
-    failed = 0
-    for i, job in enumerate(todo, 1):
-        cmd = job.command(args.python, extra)
-        shown = " ".join(cmd[1:])
-        print(f"[{i}/{len(todo)}] {shown}", flush=True)
-        if args.dry_run:
-            continue
-        started = time.time() - 1
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        run_dir = run_dir_from_output(proc.stdout, results_dir, started) if proc.returncode == 0 else None
-        if run_dir is None or not (run_dir / "summary.csv").is_file():
-            reason = (proc.stderr.strip().splitlines() or ["no summary.csv"])[-1]
-            print(f"  failed: {reason}", file=sys.stderr)
-            notes.append(f"failed: `{shown}`: {reason}")
-            failed += 1
-            continue
-        rows += rows_from_summary(pd.read_csv(run_dir / "summary.csv"))
+    rows, failed = _jobs.run_jobs(jobs(tasks, names, args.variants), args.python, extra, results_dir, args.dry_run,
+                                  lambda job, run_dir: rows_from_summary(pd.read_csv(run_dir / "summary.csv")))
+    notes += [f"failed: `{shown}`: {reason}" for shown, reason in failed]
     if args.dry_run:
         return 0
     table = build_table(rows)
-    results_dir.mkdir(parents=True, exist_ok=True)
-    table.to_csv(results_dir / "quantization_bench.csv", index=False)
-    (results_dir / "quantization_bench.md").write_text(to_markdown(table, notes))
-    print(f"wrote {results_dir / 'quantization_bench.md'} ({len(table)} rows, {failed} failed jobs)")
-    return 1 if failed else 0
+    return _jobs.write_table(table, to_markdown(table, notes), results_dir, "quantization_bench", len(failed))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@
 #              samples of identical runs are reused: run ids hash everything that determines a record)
 #   --dry-run  print the commands instead of running them
 # Environment: PYTHON (default .venv/bin/python if present, else python), MODEL (default smollm2-135m),
-#   HARDWARE (default cpu), RESULTS_DIR (default results), TASKS (default "legal papers fiction").
+#   HARDWARE (default cpu), RESULTS_DIR (default results), TASKS (default "legal papers fiction"),
+#   N_SAMPLES (default: each task's own n_samples; the committed leaderboard states the value it used).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -27,6 +28,7 @@ MODEL="${MODEL:-smollm2-135m}"
 HARDWARE="${HARDWARE:-cpu}"
 RESULTS_DIR="${RESULTS_DIR:-results}"
 TASKS="${TASKS:-legal papers fiction}"
+N_SAMPLES="${N_SAMPLES:-}"
 
 fresh=0
 dry=0
@@ -54,9 +56,13 @@ if [[ "$fresh" == 1 ]]; then
   run rm -rf "$RESULTS_DIR/runs" "$RESULTS_DIR/store" "$RESULTS_DIR/baselines"
 fi
 
+extra=()
+if [[ -n "$N_SAMPLES" ]]; then
+  extra+=("task.n_samples=$N_SAMPLES")
+fi
 for task in $TASKS; do
   run "$PY" -m kvbench "strategies=[$STRATEGIES]" "task=$task" "model=$MODEL" "hardware=$HARDWARE" \
-    "results_dir=$RESULTS_DIR"
+    "results_dir=$RESULTS_DIR" engine.progress=false "${extra[@]}"
 done
 
 # Leaderboard + claim check + plots, ranked for this model and hardware profile only.

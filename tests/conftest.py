@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -31,3 +34,30 @@ def smollm():
     from kvbench.models import load_model
 
     return load_model("smollm2-135m", dtype="bfloat16")
+
+
+def _store_builder() -> ModuleType:
+    """tests/fixtures/store_builder.py, loaded once per session under one name (shared by the test files)."""
+    name = "kvbench_test_store_builder"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "fixtures" / "store_builder.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="session")
+def store_dir(tmp_path_factory) -> Path:
+    """A small real result store (tests/fixtures/store_builder.py), built once per session."""
+    return _store_builder().cached_store(tmp_path_factory.getbasetemp() / "kvbench-store")
+
+
+@pytest.fixture(scope="module")
+def single_torch_thread():
+    """Tiny-model steps are dominated by thread hand-offs (20x slower with 2 busy threads); run them on one.
+    Use per module: ``pytestmark = pytest.mark.usefixtures("single_torch_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -19,13 +19,8 @@ from strategies.base import LayerCapture, LayerStore, RunContext, Strategy
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny-model steps are dominated by thread hand-offs; run them on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# Tiny-model steps are dominated by thread hand-offs; every test here runs on one torch thread.
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def _cfg(layers: int = 1):

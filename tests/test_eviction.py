@@ -32,13 +32,8 @@ DECODE_EVICTING = [("streaming_llm", {}), ("h2o", {}), ("tova", {}), ("tova", {"
 CONF = Path(__file__).resolve().parents[1] / "conf" / "strategy"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny-model steps are dominated by thread hand-offs (20x slower with 2 busy threads); run them on one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# Tiny-model steps are dominated by thread hand-offs; every test here runs on one torch thread.
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def _store(name: str, params: dict | None = None, layer: int = 0, layers: int = 1) -> EvictingStore:

@@ -3,12 +3,9 @@ the claim logic on hand-built summaries with known answers."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import shutil
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pandas as pd
 import pytest
@@ -18,22 +15,6 @@ from kvbench.errors import KVBenchError
 from kvbench.results import atomic_write_parquet, read_store
 
 OUTPUTS = ("leaderboard.md", "leaderboard.csv", "leaderboard.html", "claim_check.md")
-
-
-def _store_builder() -> ModuleType:
-    """tests/fixtures/store_builder.py, loaded once per session under one name (shared by the test files)."""
-    name = "kvbench_test_store_builder"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "fixtures" / "store_builder.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-@pytest.fixture(scope="session")
-def store_dir(tmp_path_factory) -> Path:
-    return _store_builder().cached_store(tmp_path_factory.getbasetemp() / "kvbench-store")
 
 
 @pytest.fixture(scope="session")

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -14,22 +12,6 @@ nbclient = pytest.importorskip("nbclient", reason="dev dependency: pip install n
 pytest.importorskip("ipykernel", reason="dev dependency: pip install nbformat nbclient ipykernel")
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "compare.ipynb"
-
-
-def _store_builder() -> ModuleType:
-    """tests/fixtures/store_builder.py, loaded once per session under one name (shared by the test files)."""
-    name = "kvbench_test_store_builder"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "fixtures" / "store_builder.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-@pytest.fixture(scope="session")
-def store_dir(tmp_path_factory) -> Path:
-    return _store_builder().cached_store(tmp_path_factory.getbasetemp() / "kvbench-store")
 
 
 def test_committed_notebook_has_no_outputs():
