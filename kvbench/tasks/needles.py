@@ -1,10 +1,11 @@
 """Needle families: a fact in the domain's own form, plus distractors that differ only in the detail asked.
 
 A family renders statements like "14.3 Notice Period. The notice period for the Orchard Analytics
-account is 45 days, ..." For one sample it draws ``1 + n_distractors`` statements that share the
-same form and the same kind of detail (all notice periods, all sensitivities on a cohort, all pets'
-names) but carry different keys (party, cohort, character) and different values. The question names
-the target's key; the distractors' values are exactly the wrong answers a model confuses it with.
+account is 45 days, ..." For one sample it draws ``1 + n_distractors`` statements of the same form
+and the same type of value, with different keys (party, cohort, character) and different values,
+and either the needle's kind of detail (all notice periods) or other kinds (a cure period, a payment
+term). The question names the target's kind and key; the distractors' values are exactly the wrong
+answers a model confuses it with.
 
 Values are drawn so that no value's normalised form occurs inside another's (so a substring hit can
 only come from the right value), and all draws use the caller's ``random.Random``.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvbench.errors import KVBenchError
 from kvbench.tasks.metrics import normalize
@@ -32,28 +33,35 @@ class Needle:
     answer_prefix: str
     answers: tuple[str, ...]
     gold: str  # reference continuation after the answer prefix (teacher-forced for NLL/KL)
+    kind: str = ""
 
 
 @dataclass(frozen=True)
 class Family:
-    """A template of statements; ``shared`` fixes per-sample details common to needle and distractors."""
+    """A statement template over keys, kinds and values.
+
+    ``{kind}`` names what is stated (notice period, cure period, ...: all with the same type of value);
+    ``{Kind}`` is its capitalised form for headings. Distractors either share the needle's kind
+    ("same": they differ from it only in key and value) or each take another kind ("other").
+    """
 
     name: str
     domain: str
     keys: tuple[str, ...]
+    kinds: tuple[str, ...]
     value: Callable[[random.Random], str]
     statement: str
     question: str
     answer_prefix: str
     gold: str = "{value}"
-    shared: Callable[[random.Random], dict[str, str]] = field(default=lambda rng: {})
 
-    def render(self, key: str, value: str, extra: dict[str, str]) -> Needle:
-        fields = {"key": key, "value": value, **extra}
+    def render(self, key: str, kind: str, value: str, clause: str) -> Needle:
+        fields = {"key": key, "value": value, "kind": kind, "Kind": kind[:1].upper() + kind[1:],
+                  "clause": clause}
         return Needle(
             family=self.name, key=key, value=value, text=self.statement.format(**fields),
             question=self.question.format(**fields), answer_prefix=self.answer_prefix.format(**fields),
-            answers=(value,), gold=self.gold.format(**fields))
+            answers=(value,), gold=self.gold.format(**fields), kind=kind)
 
 
 def _pick(pool: tuple[str, ...]) -> Callable[[random.Random], str]:
@@ -112,59 +120,78 @@ ARCHIVES = ("Amber Lighthouse", "Cobalt River", "Crimson Orchard", "Silent Harbo
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     # --- legal: numbered clauses of a contract schedule
-    Family("notice", "legal", PARTIES, _pick(NOTICE_DAYS),
-           "{clause} Notice Period. The notice period for the {key} account is {value} days, and any notice "
-           "must be given in writing to the other party.",
-           "What is the notice period for the {key} account?",
-           "The notice period for the {key} account is", gold="{value} days"),
-    Family("liability_cap", "legal", PARTIES, _pick(LIABILITY_CAPS),
-           "{clause} Limitation of Liability. The aggregate liability cap for the {key} account is US${value}, "
-           "except for liability arising from gross negligence or wilful misconduct.",
-           "What is the aggregate liability cap for the {key} account?",
-           "The aggregate liability cap for the {key} account is", gold="US${value}"),
-    Family("governing_law", "legal", PARTIES, _pick(JURISDICTIONS),
-           "{clause} Governing Law. The governing law for the {key} account is the law of {value}, and the "
-           "courts of {value} shall have exclusive jurisdiction over any dispute.",
-           "Which law governs the {key} account?",
-           "The governing law for the {key} account is the law of"),
+    Family("notice", "legal", PARTIES,
+           ("notice period", "cure period", "payment term", "warranty period", "acceptance period"),
+           _pick(NOTICE_DAYS),
+           "{clause} {Kind}. The {kind} for the {key} account is {value} days, and any notice under this "
+           "clause must be given in writing to the other party.",
+           "What is the {kind} for the {key} account?",
+           "The {kind} for the {key} account is", gold="{value} days"),
+    Family("liability_cap", "legal", PARTIES,
+           ("aggregate liability cap", "annual licence fee", "minimum annual commitment", "indemnity cap",
+            "service credit cap"),
+           _pick(LIABILITY_CAPS),
+           "{clause} {Kind}. The {kind} for the {key} account is US${value}, unless both parties agree "
+           "otherwise in a signed amendment to this Agreement.",
+           "What is the {kind} for the {key} account?",
+           "The {kind} for the {key} account is", gold="US${value}"),
+    Family("governing_law", "legal", PARTIES,
+           ("governing jurisdiction", "seat of arbitration", "venue for disputes", "data hosting location",
+            "place of performance"),
+           _pick(JURISDICTIONS),
+           "{clause} {Kind}. The {kind} for the {key} account is {value}, and neither party may change it "
+           "without the prior written consent of the other.",
+           "What is the {kind} for the {key} account?",
+           "The {kind} for the {key} account is"),
     # --- papers: a reported figure, a metric on a named cohort or dataset
-    Family("sensitivity", "papers", COHORTS, _percent,
-           "In the validation analysis, the sensitivity of the assay on the {key} cohort was {value}% "
+    Family("sensitivity", "papers", COHORTS,
+           ("sensitivity", "specificity", "positive predictive value", "negative predictive value",
+            "overall accuracy"),
+           _percent,
+           "In the validation analysis, the {kind} of the assay on the {key} cohort was {value}% "
            "(95% confidence interval reported in the supplementary table).",
-           "What was the sensitivity of the assay on the {key} cohort?",
-           "The sensitivity of the assay on the {key} cohort was", gold="{value}%"),
-    Family("auc", "papers", COHORTS, _auc,
-           "For the external validation, the area under the ROC curve on the {key} dataset was {value}, "
-           "computed with the same risk score and thresholds as in the derivation set.",
-           "What was the area under the ROC curve on the {key} dataset?",
-           "The area under the ROC curve on the {key} dataset was"),
-    Family("prevalence", "papers", COHORTS, _percent,
-           "Among the animals sampled, the seroprevalence in the {key} district was {value}%, as measured "
-           "by the IgG ELISA described in the Methods.",
-           "What was the seroprevalence in the {key} district?",
-           "The seroprevalence in the {key} district was", gold="{value}%"),
+           "What was the {kind} of the assay on the {key} cohort?",
+           "The {kind} of the assay on the {key} cohort was", gold="{value}%"),
+    Family("auc", "papers", COHORTS,
+           ("area under the ROC curve", "C-statistic", "Cohen's kappa", "intraclass correlation",
+            "calibration slope"),
+           _auc,
+           "For the external validation, the {kind} on the {key} dataset was {value}, computed with the "
+           "same risk score and thresholds as in the derivation set.",
+           "What was the {kind} on the {key} dataset?",
+           "The {kind} on the {key} dataset was"),
+    Family("prevalence", "papers", COHORTS,
+           ("seroprevalence", "vaccination coverage", "case fatality rate", "attack rate", "response rate"),
+           _percent,
+           "Across the survey, the {kind} in the {key} district was {value}%, as measured with the "
+           "protocol described in the Methods.",
+           "What was the {kind} in the {key} district?",
+           "The {kind} in the {key} district was", gold="{value}%"),
     # --- fiction: an early character attribute (a name, an object, a place)
-    Family("pet_name", "fiction", CHARACTERS, _pick(PET_NAMES),
-           "Everyone in the neighbourhood knew that {key}'s {animal} was called {value}, and the creature "
+    Family("pet_name", "fiction", CHARACTERS, ("dog", "cat", "horse", "parrot", "goat"), _pick(PET_NAMES),
+           "Everyone in the neighbourhood knew that {key}'s {kind} was called {value}, and the creature "
            "followed its owner everywhere.",
-           "What was {key}'s {animal} called?",
-           "{key}'s {animal} was called",
-           shared=lambda rng: {"animal": rng.choice(("dog", "cat", "horse", "parrot", "goat"))}),
-    Family("keepsake", "fiction", CHARACTERS, _pick(KEEPSAKES),
-           "It was well known that the keepsake {key} carried everywhere was a {value}, wrapped in an old "
+           "What was {key}'s {kind} called?",
+           "{key}'s {kind} was called"),
+    Family("keepsake", "fiction", CHARACTERS,
+           ("keepsake", "lucky charm", "heirloom", "christening gift", "secret treasure"), _pick(KEEPSAKES),
+           "It was well known that the {kind} {key} carried everywhere was a {value}, wrapped in an old "
            "handkerchief.",
-           "What was the keepsake that {key} carried everywhere?",
-           "The keepsake {key} carried everywhere was a"),
-    Family("birthplace", "fiction", CHARACTERS, _pick(VILLAGES),
-           "Few people remembered that {key} had been born in the village of {value}, a long day's journey "
+           "What was the {kind} that {key} carried everywhere?",
+           "The {kind} {key} carried everywhere was a"),
+    Family("birthplace", "fiction", CHARACTERS,
+           ("been born", "been married", "gone to school", "first found work", "been baptised"),
+           _pick(VILLAGES),
+           "Few people remembered that {key} had {kind} in the village of {value}, a long day's journey "
            "from the town.",
-           "In which village had {key} been born?",
-           "{key} had been born in the village of"),
+           "In which village had {key} {kind}?",
+           "{key} had {kind} in the village of"),
     # --- generic (custom corpora): RULER-style key-value facts
-    Family("access_code", "generic", ARCHIVES, _six_digits,
-           "The access code for the {key} archive is {value}.",
-           "What is the access code for the {key} archive?",
-           "The access code for the {key} archive is"),
+    Family("access_code", "generic", ARCHIVES,
+           ("access code", "backup code", "serial number", "vault number", "locker code"), _six_digits,
+           "The {kind} for the {key} archive is {value}.",
+           "What is the {kind} for the {key} archive?",
+           "The {kind} for the {key} archive is"),
 )}
 
 DOMAIN_FAMILIES: dict[str, tuple[str, ...]] = {
@@ -179,19 +206,31 @@ def _contains(a: str, b: str) -> bool:
     return bool(nb) and f" {nb} " in f" {na} "
 
 
-def sample_needles(family_name: str, rng: random.Random, n_distractors: int) -> tuple[Needle, list[Needle]]:
-    """Draw the target needle and ``n_distractors`` distractors with distinct keys and values."""
+DISTRACTOR_KINDS = ("same", "other")
+
+
+def sample_needles(family_name: str, rng: random.Random, n_distractors: int,
+                   distractor_kind: str = "same") -> tuple[Needle, list[Needle]]:
+    """Draw the target needle and ``n_distractors`` distractors with distinct keys and values.
+
+    ``distractor_kind="same"``: every statement has the needle's kind (e.g. all notice periods), so a
+    distractor differs from the needle only in its key and value. ``"other"``: each distractor states
+    another kind with the same type of value (a cure period, a payment term, ... in days).
+    """
     if family_name not in FAMILIES:
         raise KVBenchError(f"unknown needle family {family_name!r}; valid: {', '.join(sorted(FAMILIES))}")
+    if distractor_kind not in DISTRACTOR_KINDS:
+        raise KVBenchError(f"unknown task.distractor_kind {distractor_kind!r}; valid: {', '.join(DISTRACTOR_KINDS)}")
     if n_distractors < 0:
         raise KVBenchError(f"task.distractors must be >= 0 (got {n_distractors})")
     fam = FAMILIES[family_name]
     n = n_distractors + 1
-    if n > len(fam.keys):
+    most = min(len(fam.keys), len(fam.kinds) if distractor_kind == "other" else len(fam.keys))
+    if n > most:
         raise KVBenchError(f"task.distractors={n_distractors} is too many for needle family {family_name!r} "
-                           f"(at most {len(fam.keys) - 1})")
+                           f"with distractor_kind={distractor_kind} (at most {most - 1})")
     keys = rng.sample(fam.keys, n)
-    extra = fam.shared(rng)
+    kinds = rng.sample(fam.kinds, n) if distractor_kind == "other" else [rng.choice(fam.kinds)] * n
     values: list[str] = []
     for _ in range(1000 * n):
         if len(values) == n:
@@ -206,5 +245,5 @@ def sample_needles(family_name: str, rng: random.Random, n_distractors: int) -> 
         c = _clause(rng)
         if c not in clauses:
             clauses.append(c)
-    rendered = [fam.render(k, v, {**extra, "clause": c}) for k, v, c in zip(keys, values, clauses, strict=True)]
+    rendered = [fam.render(k, kind, v, c) for k, kind, v, c in zip(keys, kinds, values, clauses, strict=True)]
     return rendered[0], rendered[1:]

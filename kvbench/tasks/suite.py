@@ -38,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "depths": [0.1, 0.5, 0.9],
     "n_samples": 9,
     "distractors": 2,
+    "distractor_kind": "other",
     "distractor_placement": "anywhere",
     "query_aware": True,
     "answer_prefix": True,
@@ -120,6 +121,7 @@ def retrieval_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, doc
     use_prefix = bool(option(cfg, "answer_prefix", defaults))
     max_new = int(option(cfg, "max_new_tokens", defaults))
     snap = int(option(cfg, "snap_tokens", defaults))
+    distractor_kind = str(option(cfg, "distractor_kind", defaults))
     placement = str(option(cfg, "distractor_placement", defaults))
     if placement not in PLACEMENTS:
         raise KVBenchError(f"unknown task.distractor_placement {placement!r}; valid: {', '.join(PLACEMENTS)}")
@@ -132,7 +134,7 @@ def retrieval_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, doc
         depth = depths[i % len(depths)]
         # Cycle families across depth sweeps so every depth sees every family.
         family = families[(i // len(depths)) % len(families)]
-        needle, distractors = sample_needles(family, rng, n_distractors)
+        needle, distractors = sample_needles(family, rng, n_distractors, distractor_kind)
         pieces = build_pieces(tokenizer, needle.question, needle.answer_prefix if use_prefix else "", instruction)
         budget = pieces.document_budget(context_tokens, query_aware)
         # Statements read like the first document (a speech in a play, a paragraph elsewhere), so the
@@ -166,6 +168,8 @@ def retrieval_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, doc
                 "needle_depth": starts[0] / max(1, budget - len(needle_ids)), "needle_tokens": len(needle_ids),
                 "document_span": [doc_start, doc_start + budget],
                 "distractors": len(distractors), "distractor_placement": used_placement,
+                "distractor_kind": distractor_kind, "needle_kind": needle.kind,
+                "distractor_kinds": [d.kind for d in distractors],
                 "distractor_token_indices": [doc_start + s for s in starts[1:]],
                 "distractor_values": [d.value for d in distractors],
                 "needle_family": family, "needle_key": needle.key, "needle_text": needle.text,
