@@ -127,11 +127,19 @@ def ci_text(p: Pick) -> str:
     return f"{pp(p.delta_pp)} pp [95% CI {pp(p.ci_low)}, {pp(p.ci_high)}]"
 
 
+#: Families whose ``memory_reduction`` is device memory only: the bytes move to host RAM or disk rather than
+#: disappear, so they cannot support a claim about KV memory saved (the tiered cache's own figures are in
+#: its records' ``stats``).
+OFFLOADING_FAMILIES = ("tiered",)
+
+
 def picks(summary: pd.DataFrame, scope: str) -> list[Pick]:
-    """Every non-baseline strategy measured on ``scope`` (a task or ``all``), sorted by label."""
+    """Every non-baseline, non-offloading strategy measured on ``scope`` (a task or ``all``), sorted by label."""
     if summary.empty:
         return []
     rows = summary[(summary["task"] == scope) & (summary["strategy"] != BASELINE)]
+    if "family" in rows:
+        rows = rows[~rows["family"].isin(OFFLOADING_FAMILIES)]
     rows = rows.sort_values("strategy", kind="mergesort")
     return [Pick.from_row(r) for r in rows.to_dict("records")]
 

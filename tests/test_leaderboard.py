@@ -284,10 +284,13 @@ def test_scenarios_follow_the_numbers():
     assert res.holds is False and res.winner.family == "eviction" and "eviction beats quantization" in res.evidence
 
     legal = _summary([
-        _row("legal", "tiered", "tiered", 0.55, 0.0, -0.5, 0.5),
+        _row("legal", "int8", "quantization", 0.55, 0.0, -0.5, 0.5),
         _row("legal", "streaming_llm", "eviction", 0.50, -2.0, -4.0, 0.0, kept=0.5),
+        _row("legal", "tiered", "tiered", 0.98, 0.0, 0.0, 0.0),
     ])
     assert claims.scenario(legal, claims.SCENARIOS[0]).holds is True
+    # offloaded bytes are not saved bytes: the tiered cache never wins a memory-reduction pick
+    assert claims.best_within_pp(legal, "legal").strategy == "int8"
 
     fiction_hurts = _summary([
         _row("fiction", "streaming_llm", "eviction", 0.50, -6.0, -9.0, -3.0, kept=0.5),

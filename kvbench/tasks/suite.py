@@ -26,8 +26,7 @@ from kvbench.tasks.needles import FAMILIES, sample_needles
 from kvbench.tasks.prompt import DEFAULT_INSTRUCTION, build_pieces, encode, leading_special_ids
 
 VARIANTS = ("retrieval", "continuation")
-# Where distractors go relative to the needle: "before" makes the needle the latest statement of its
-# kind (a small model's recency bias then cannot rescue a lost needle: it answers a distractor).
+# Where distractors go relative to the needle ("before": the needle is the latest statement of its kind).
 PLACEMENTS = ("anywhere", "before", "after")
 MIN_CONTEXT = 256
 
