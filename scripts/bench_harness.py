@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _task_cfg(task: str, context: int, samples: int) -> object:
     cfg = OmegaConf.load(ROOT / "conf" / "task" / f"{task}.yaml")
+    cfg.seed = 0  # the YAML's `${seed}` points at the run's top-level seed, absent outside Hydra
     cfg.context_tokens = context
     cfg.n_samples = samples
     return cfg

@@ -86,8 +86,13 @@ def main() -> None:
         print(json.dumps(worker(mode, spec, int(ctx), int(chunk))))
         return
 
+    out = Path(args.out)
     rows = []
-    for ctx in map(int, args.contexts.split(",")):
+    contexts = [int(c) for c in args.contexts.split(",") if c]
+    if not contexts and (out / "chunked_prefill.csv").is_file():
+        # --contexts "": keep the measured memory points, (re)run only the accuracy comparison
+        rows = pd.read_csv(out / "chunked_prefill.csv").to_dict("records")
+    for ctx in contexts:
         for spec in args.strategies.split(","):
             for mode in ("shared", "chunked"):
                 proc = subprocess.run([sys.executable, __file__, "--worker", mode, spec, str(ctx), str(args.chunk)],
@@ -95,7 +100,6 @@ def main() -> None:
                 rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
                 print(rows[-1], flush=True)
     df = pd.DataFrame(rows)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "chunked_prefill.csv", index=False)
     lines = ["# Peak memory: shared vs chunked prefill (measured by `scripts/bench_memory.py`)", "",

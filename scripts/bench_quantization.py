@@ -127,8 +127,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated task names (default: every conf/task/*.yaml that needs no input)")
     ap.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated quantizers")
     ap.add_argument("--variants", action="store_true", help="also run the non-default formats, one job each")
+    ap.add_argument("--from-runs", default=None, metavar="RESULTS_DIR",
+                    help="run nothing: tabulate the quantizers found in RESULTS_DIR/runs/*/summary.csv "
+                         "(e.g. the leaderboard sweep, where every strategy shared each prefill)")
     _jobs.add_common_args(ap)
     args = ap.parse_args(argv)
+    if args.from_runs:
+        source = _jobs.resolve_results_dir(args.from_runs)
+        summaries = [pd.read_csv(path) for path in sorted((source / "runs").glob("*/summary.csv"))]
+        rows = [r for sm in summaries
+                for r in rows_from_summary(sm[sm["family"].isin(["baseline", "quantization", "reference"])])]
+        table = build_table(rows)
+        notes = [f"tabulated from the runs in `{args.from_runs}` (no new jobs)"]
+        return _jobs.write_table(table, to_markdown(table, notes), source, "quantization_bench", 0)
 
     tasks = _jobs.task_list(args.tasks, default_tasks)
     if not tasks:

@@ -8,11 +8,13 @@ token accuracy from one teacher-forced forward pass.
     python scripts/calibrate_tasks.py                                  # legal, papers, fiction defaults
     python scripts/calibrate_tasks.py --tasks legal --set distractors=4 --set context_tokens=2048
     python scripts/calibrate_tasks.py --variant continuation --n 6
+    python scripts/calibrate_tasks.py --records cal.jsonl    # resumable: rerun the same command after a kill
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import sys
@@ -66,6 +68,27 @@ def run_sample(lm: Any, sample: Sample) -> tuple[float, str]:
     return score(sample.metric, text, sample.answers), text
 
 
+def sample_key(sample: Sample) -> str:
+    """Identity of a sample's exact tokens and scoring, so resumed records are only reused for it."""
+    blob = json.dumps([sample.sample_id, sample.prefix_ids, sample.query_ids, sample.gold_ids, sample.answers,
+                       sample.metric, sample.max_new_tokens])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def load_records(path: Path | None) -> dict[str, dict[str, Any]]:
+    """Per-sample records already written to ``path`` (JSON Lines); a torn last line is ignored."""
+    if path is None or not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        out[rec["key"]] = rec
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", default="legal,papers,fiction")
@@ -74,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task config override")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--json", type=Path, default=None, help="also write per-sample results here")
+    ap.add_argument("--records", type=Path, default=None,
+                    help="append per-sample results here (JSON Lines); samples already recorded are reused, "
+                         "so an interrupted run resumes where it stopped")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every sample's output")
     args = ap.parse_args(argv)
     if args.threads:
@@ -88,26 +113,32 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"n_samples={args.n}")
     print(f"model smollm2-135m bf16, full cache, greedy; torch threads {torch.get_num_threads()}; "
           f"seed {args.seed}; overrides {overrides or 'none'}", flush=True)
-    rows, details = [], []
+    done = load_records(args.records)
+    rows = []
     for task in [t.strip() for t in args.tasks.split(",") if t.strip()]:
         cfg = task_config(task, args.seed, overrides)
         samples = build_samples(task, cfg, lm.tokenizer, lm.max_context)
         t0 = time.perf_counter()
         scores = []
         for s in samples:
-            value, text = run_sample(lm, s)
-            scores.append(value)
-            details.append({"task": task, "sample_id": s.sample_id, "score": value, "output": text,
-                            "answers": s.answers, "depth": s.metadata.get("depth"),
-                            "family": s.metadata.get("needle_family"),
-                            "distractor_values": s.metadata.get("distractor_values"),
-                            "needle_index": s.metadata.get("needle_token_index"),
-                            "distractor_indices": s.metadata.get("distractor_token_indices")})
+            m = s.metadata
+            key = sample_key(s)
+            if key in done:
+                rec = done[key]
+            else:
+                value, text = run_sample(lm, s)
+                rec = {"key": key, "task": task, "sample_id": s.sample_id, "score": value, "output": text,
+                       "answers": s.answers, "depth": m.get("depth"), "family": m.get("needle_family"),
+                       "distractor_values": m.get("distractor_values"), "needle_index": m.get("needle_token_index"),
+                       "distractor_indices": m.get("distractor_token_indices")}
+                if args.records:
+                    with open(args.records, "a") as fh:
+                        fh.write(json.dumps(rec) + "\n")
+            scores.append(rec["score"])
             if args.verbose:
-                m = s.metadata
                 print(f"  {s.sample_id} depth={m.get('depth')} {m.get('needle_family')} gold={s.answers}"
                       f"@{m.get('needle_token_index')} distractors={m.get('distractor_values')}"
-                      f"@{m.get('distractor_token_indices')} -> {text!r} [{value:.2f}]", flush=True)
+                      f"@{m.get('distractor_token_indices')} -> {rec['output']!r} [{rec['score']:.2f}]", flush=True)
         lo, hi = bootstrap_ci(scores)
         m = samples[0].metadata
         rows.append((task, m["variant"], m["context_tokens"], m.get("distractors", 0), len(scores),
@@ -119,8 +150,6 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|")
     for task, variant, ctx, nd, n, mean, lo, hi, _ in rows:
         print(f"| {task} | {variant} | {ctx} | {nd} | {n} | {mean:.3f} | [{lo:.3f}, {hi:.3f}] |")
-    if args.json:
-        args.json.write_text(json.dumps(details, indent=1))
     return 0
 
 

@@ -15,7 +15,9 @@ from kvbench.tasks.corpora import load_corpus
 from kvbench.tasks.needles import DOMAIN_FAMILIES
 from kvbench.tasks.suite import DEFAULTS, build_task
 
-LEGAL_DEFAULTS: dict[str, Any] = {**DEFAULTS, "needles": list(DOMAIN_FAMILIES["legal"])}
+# One distractor: with two, the embedded 135M model scored below 0.8 at 4K even with a full cache
+# (the licence text itself is full of real governing-law and liability clauses); see docs/tasks.md.
+LEGAL_DEFAULTS: dict[str, Any] = {**DEFAULTS, "distractors": 1, "needles": list(DOMAIN_FAMILIES["legal"])}
 
 
 @register_task("legal")
