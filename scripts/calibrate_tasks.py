@@ -14,7 +14,6 @@ token accuracy from one teacher-forced forward pass.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 import sys
@@ -68,11 +67,12 @@ def run_sample(lm: Any, sample: Sample) -> tuple[float, str]:
     return score(sample.metric, text, sample.answers), text
 
 
-def sample_key(sample: Sample) -> str:
-    """Identity of a sample's exact tokens and scoring, so resumed records are only reused for it."""
-    blob = json.dumps([sample.sample_id, sample.prefix_ids, sample.query_ids, sample.gold_ids, sample.answers,
-                       sample.metric, sample.max_new_tokens])
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+def sample_identity(sample: Sample) -> list[Any]:
+    """What must match for a recorded result to be reused for ``sample`` (a resumed run rebuilds the
+    same samples deterministically; this guards against a changed config or task code)."""
+    m = sample.metadata
+    return [sample.sample_id, len(sample.prefix_ids), len(sample.query_ids), sample.gold_ids, sample.answers,
+            sample.max_new_tokens, m.get("needle_text"), m.get("needle_token_index"), m.get("source_docs")]
 
 
 def load_records(path: Path | None) -> dict[str, dict[str, Any]]:
@@ -85,7 +85,7 @@ def load_records(path: Path | None) -> dict[str, dict[str, Any]]:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue
-        out[rec["key"]] = rec
+        out[rec["sample_id"]] = rec
     return out
 
 
@@ -122,12 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         scores = []
         for s in samples:
             m = s.metadata
-            key = sample_key(s)
-            if key in done:
-                rec = done[key]
+            ident = sample_identity(s)
+            if s.sample_id in done and done[s.sample_id].get("identity") == ident:
+                rec = done[s.sample_id]
             else:
                 value, text = run_sample(lm, s)
-                rec = {"key": key, "task": task, "sample_id": s.sample_id, "score": value, "output": text,
+                rec = {"identity": ident, "task": task, "sample_id": s.sample_id, "score": value, "output": text,
                        "answers": s.answers, "depth": m.get("depth"), "family": m.get("needle_family"),
                        "distractor_values": m.get("distractor_values"), "needle_index": m.get("needle_token_index"),
                        "distractor_indices": m.get("distractor_token_indices")}
