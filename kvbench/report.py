@@ -1,4 +1,4 @@
-"""Run summaries: per (task, strategy) aggregates of the spec v1 metrics, and the end-of-run table."""
+"""Run summaries: per (task, setting, strategy) aggregates of the spec v1.1 metrics, and the end-of-run table."""
 
 from __future__ import annotations
 
@@ -9,35 +9,61 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.spec import accuracy_delta
+from kvbench.spec import accuracy_delta, accuracy_interval, binary_metric
 
 BASELINE = "full"
+#: ``setting`` of a record: the question is in the compressed prefix (kvbench's default) or asked after
+#: compression (the field's standard setting, kvpress's).
+QUERY_AWARE, QUERY_AGNOSTIC = "query-aware", "query-agnostic"
 SUMMARY_COLUMNS = [
-    "task", "strategy", "family", "n", "accuracy", "delta_pp", "delta_ci_low", "delta_ci_high", "relative_loss",
-    "kv_mib", "kv_mib_fp16", "memory_reduction", "bytes_per_token", "kept_fraction", "prefill_s", "compress_s",
-    "ttft_s", "decode_ms_per_token", "kl", "top1_agreement", "gold_nll", "context_tokens", "spec_version", "model",
-    "hardware",
+    "task", "setting", "strategy", "family", "n", "accuracy", "accuracy_ci_low", "accuracy_ci_high",
+    "baseline_accuracy", "delta_pp", "delta_ci_low", "delta_ci_high", "delta_method", "n_only_strategy",
+    "n_only_baseline", "mcnemar_p", "relative_loss", "kv_mib", "kv_mib_fp16", "memory_reduction",
+    "bytes_per_token", "kept_fraction", "prefill_s", "compress_s", "ttft_s", "decode_ms_per_token", "kl",
+    "top1_agreement", "gold_nll", "context_tokens", "spec_version", "model", "hardware",
 ]
 
 
+def settings(records: pd.DataFrame) -> pd.Series:
+    """Each record's setting: query-aware when its ``query_aware`` is true or missing, else query-agnostic."""
+    if "query_aware" not in records:
+        return pd.Series(QUERY_AWARE, index=records.index, dtype=object)
+    aware = records["query_aware"].map(lambda v: True if pd.isna(v) else bool(v))
+    return aware.map({True: QUERY_AWARE, False: QUERY_AGNOSTIC}).astype(object)
+
+
 def summarize(records: pd.DataFrame, baseline: str = BASELINE, seed: int = 0) -> pd.DataFrame:
-    """One row per (task, strategy). Accuracy deltas pair each sample with the baseline's score on it."""
+    """One row per (task, setting, strategy). Accuracy deltas pair each sample with the baseline's score
+    on it in the same task and setting; ``baseline_accuracy`` is the baseline's mean on those samples."""
     if records.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    records = records.assign(setting=settings(records))
     rows = []
-    for (task, strategy), grp in records.groupby(["task", "strategy"], sort=False):
-        base = records[(records["task"] == task) & (records["strategy"] == baseline)]
+    for (task, setting, strategy), grp in records.groupby(["task", "setting", "strategy"], sort=False):
+        base = records[(records["task"] == task) & (records["setting"] == setting)
+                       & (records["strategy"] == baseline)]
         paired = grp.merge(base[["sample_id", "score"]], on="sample_id", suffixes=("", "_base"))
-        delta = accuracy_delta(paired["score_base"].to_numpy(), paired["score"].to_numpy(), seed=seed)
+        binary = binary_metric(grp["metric"].dropna().unique()) if "metric" in grp else None
+        delta = accuracy_delta(paired["score_base"].to_numpy(), paired["score"].to_numpy(), seed=seed,
+                               binary=binary)
+        acc, acc_lo, acc_hi = accuracy_interval(grp["score"].to_numpy(), binary=binary, seed=seed)
         rows.append({
             "task": task,
+            "setting": setting,
             "strategy": strategy,
             "family": grp["family"].iloc[0],
             "n": len(grp),
-            "accuracy": grp["score"].mean(),
+            "accuracy": acc,
+            "accuracy_ci_low": acc_lo,
+            "accuracy_ci_high": acc_hi,
+            "baseline_accuracy": delta.baseline,
             "delta_pp": delta.delta_pp,
             "delta_ci_low": delta.ci_low,
             "delta_ci_high": delta.ci_high,
+            "delta_method": delta.method,
+            "n_only_strategy": delta.n_only_strategy,
+            "n_only_baseline": delta.n_only_baseline,
+            "mcnemar_p": delta.mcnemar_p,
             "relative_loss": delta.relative_loss,
             "kv_mib": grp["kv_bytes"].mean() / 2**20,
             "kv_mib_fp16": grp["kv_bytes_fp16"].mean() / 2**20,
@@ -58,8 +84,9 @@ def summarize(records: pd.DataFrame, baseline: str = BASELINE, seed: int = 0) ->
         })
     out = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
     order = {baseline: 0}
-    return out.sort_values(["task", "strategy"], key=lambda s: s.map(lambda v: (order.get(v, 1), v))
-                           if s.name == "strategy" else s).reset_index(drop=True)
+    return out.sort_values(["task", "setting", "strategy"],
+                           key=lambda s: s.map(lambda v: (order.get(v, 1), v)) if s.name == "strategy" else s,
+                           kind="mergesort").reset_index(drop=True)
 
 
 def _nanmedian(s: pd.Series) -> float:

@@ -1,4 +1,4 @@
-"""Measurement spec v1, implemented in one place (the text is ``docs/measurement-spec.md``).
+"""Measurement spec v1.1, implemented in one place (the text is ``docs/measurement-spec.md``).
 
 Every record carries :data:`SPEC_VERSION`; reports refuse to rank records of different versions together.
 """
@@ -15,15 +15,21 @@ import numpy as np
 import psutil
 import torch
 
-from kvbench import SPEC_VERSION
+from kvbench import SPEC_VERSION, stats
+from kvbench.stats import CI_LEVEL
 
 __all__ = [
-    "SPEC_VERSION", "PeakMemory", "accuracy_delta", "bootstrap_mean_ci", "fidelity", "memory_reduction",
-    "median",
+    "SPEC_VERSION", "BINARY_METRICS", "PeakMemory", "accuracy_delta", "accuracy_interval", "bootstrap_mean_ci",
+    "fidelity", "memory_reduction", "median",
 ]
 
 BOOTSTRAP_RESAMPLES = 2000
-CI_LEVEL = 0.95
+#: Task metrics whose per-sample scores are 0 or 1 (lm-eval's per-document ``acc``/``exact_match`` too).
+BINARY_METRICS = ("substring", "exact", "acc", "acc_norm", "exact_match")
+#: Task metrics with scores anywhere in [0, 1].
+CONTINUOUS_METRICS = ("f1", "token_accuracy")
+#: ``Delta.method`` of each kind of score.
+NEWCOMBE, BCA = "newcombe-paired", "bca-bootstrap"
 
 
 # -- memory -----------------------------------------------------------------------------------------
@@ -105,7 +111,12 @@ def median(values: Sequence[float]) -> float:
 # -- accuracy ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Delta:
-    """Strategy minus baseline, in percentage points, with a paired-bootstrap CI."""
+    """Strategy minus baseline on paired samples, in percentage points, with a 95% interval.
+
+    ``method`` names the interval: ``newcombe-paired`` (binary scores; then ``n_only_strategy`` /
+    ``n_only_baseline`` count the discordant pairs and ``mcnemar_p`` is the exact McNemar p-value) or
+    ``bca-bootstrap`` (continuous scores; discordant counts are 0 and ``mcnemar_p`` NaN).
+    """
 
     baseline: float
     strategy: float
@@ -114,11 +125,16 @@ class Delta:
     ci_high: float
     relative_loss: float
     n: int
+    method: str = NEWCOMBE
+    n_only_strategy: int = 0
+    n_only_baseline: int = 0
+    mcnemar_p: float = float("nan")
 
 
 def bootstrap_mean_ci(values: Sequence[float], seed: int = 0,
                       resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float, float]:
-    """Mean and percentile bootstrap 95% CI of ``values``."""
+    """Mean and percentile bootstrap 95% CI of ``values`` (spec v1.0's interval; kept for the task
+    calibration tables, not used for accuracy deltas any more)."""
     x = np.asarray(values, dtype=float)
     if x.size == 0:
         return float("nan"), float("nan"), float("nan")
@@ -129,21 +145,75 @@ def bootstrap_mean_ci(values: Sequence[float], seed: int = 0,
     return float(x.mean()), float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
 
 
-def accuracy_delta(baseline: Sequence[float], strategy: Sequence[float], seed: int = 0) -> Delta:
+def binary_metric(metrics: Sequence[str]) -> bool | None:
+    """Whether scores of ``metrics`` (one comparison may pool several tasks) are binary: ``True`` when
+    every metric is binary, ``False`` when any is continuous, ``None`` (decide from the scores) otherwise."""
+    names = {str(m) for m in metrics}
+    if names and names <= set(BINARY_METRICS):
+        return True
+    if names & set(CONTINUOUS_METRICS):
+        return False
+    return None
+
+
+def _binary(binary: bool | None, *arms: np.ndarray) -> bool:
+    """The metric decides (``binary``); without it, scores that are all 0/1 count as binary."""
+    if binary is None:
+        return all(stats.is_binary(a) for a in arms)
+    if binary and not all(stats.is_binary(a) for a in arms):
+        raise ValueError("a binary metric's scores must be 0 or 1")
+    return binary
+
+
+def accuracy_interval(scores: Sequence[float], binary: bool | None = None,
+                      seed: int = 0) -> tuple[float, float, float]:
+    """Mean accuracy and its 95% interval: Wilson for binary scores, BCa bootstrap for continuous ones
+    (Wilson on the scores rounded to 0/1 where the bootstrap is undefined, e.g. all scores equal)."""
+    x = np.asarray(scores, dtype=float)
+    if x.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    if _binary(binary, x):
+        return (float(x.mean()), *stats.wilson_interval(int(x.sum()), x.size))
+    mean, lo, hi = stats.bca_mean_interval(x, seed=seed)
+    if math.isnan(lo):
+        lo, hi = stats.wilson_interval(int(np.round(x).sum()), x.size)
+    return mean, lo, hi
+
+
+def accuracy_delta(baseline: Sequence[float], strategy: Sequence[float], seed: int = 0,
+                   binary: bool | None = None) -> Delta:
     """Paired comparison on identical inputs: scores are per-sample metric values in [0, 1].
 
-    ``delta_pp = 100 * (mean(strategy) - mean(baseline))``; the CI resamples *pairs* (same indices for
-    both arms); ``relative_loss = (mean(baseline) - mean(strategy)) / mean(baseline)``.
+    ``delta_pp = 100 * (mean(strategy) - mean(baseline))``; ``relative_loss = (mean(baseline) -
+    mean(strategy)) / mean(baseline)``. ``binary`` says whether the metric is binary (``None``: decided
+    from the scores). The interval is Newcombe's paired score interval for binary scores and a BCa
+    bootstrap of the paired differences for continuous ones; where the bootstrap is undefined (all
+    differences equal, or one pair) the continuous scores are rounded to 0/1 and get the Newcombe
+    interval, so an all-agree comparison never reports a zero-width interval.
     """
     b = np.asarray(baseline, dtype=float)
     s = np.asarray(strategy, dtype=float)
     if b.shape != s.shape:
         raise ValueError(f"paired scores need equal lengths, got {b.size} and {s.size}")
-    mean_d, lo, hi = bootstrap_mean_ci(s - b, seed=seed)
     bm = float(b.mean()) if b.size else float("nan")
     sm = float(s.mean()) if s.size else float("nan")
     rel = (bm - sm) / bm if bm and not math.isnan(bm) else float("nan")
-    return Delta(bm, sm, 100 * mean_d, 100 * lo, 100 * hi, rel, int(b.size))
+    if b.size == 0:
+        return Delta(bm, sm, float("nan"), float("nan"), float("nan"), rel, 0)
+    if not _binary(binary, b, s):
+        mean_d, lo, hi = stats.bca_mean_interval(s - b, seed=seed)
+        if not math.isnan(lo):
+            return Delta(bm, sm, 100 * mean_d, 100 * lo, 100 * hi, rel, int(b.size), BCA)
+        b, s = np.round(b), np.round(s)  # the bootstrap is undefined: fall back to the binary interval
+        counts = stats.paired_counts(s, b)
+        _, lo, hi = stats.newcombe_paired_interval(counts)
+        d = sm - bm
+        return Delta(bm, sm, 100 * d, 100 * min(lo, d), 100 * max(hi, d), rel, int(b.size), NEWCOMBE,
+                     counts.only_a, counts.only_b, stats.mcnemar_exact_p(counts.only_a, counts.only_b))
+    counts = stats.paired_counts(s, b)
+    d, lo, hi = stats.newcombe_paired_interval(counts)
+    return Delta(bm, sm, 100 * d, 100 * lo, 100 * hi, rel, int(b.size), NEWCOMBE, counts.only_a, counts.only_b,
+                 stats.mcnemar_exact_p(counts.only_a, counts.only_b))
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Measurement spec v1 arithmetic."""
+"""Measurement spec v1.1 arithmetic."""
 
 from __future__ import annotations
 
@@ -29,17 +29,40 @@ def test_accuracy_delta_is_paired_and_in_points():
     assert d.n == 8
 
 
-def test_identical_scores_have_a_degenerate_ci():
-    d = accuracy_delta([1, 0, 1], [1, 0, 1])
-    assert (d.delta_pp, d.ci_low, d.ci_high) == (0.0, 0.0, 0.0)
+def test_identical_scores_never_give_a_zero_width_interval():
+    # spec v1.0's bootstrap gave [0, 0] here; five agreeing pairs cannot rule out a loss of tens of points
+    d = accuracy_delta([1] * 5, [1] * 5)
+    assert d.delta_pp == 0.0 and d.method == "newcombe-paired"
+    assert d.ci_low == pytest.approx(-43.45, abs=0.01) and d.ci_high == pytest.approx(43.45, abs=0.01)
+    assert (d.n_only_strategy, d.n_only_baseline, d.mcnemar_p) == (0, 0, 1.0)
 
 
-def test_paired_ci_is_narrower_than_unpaired_when_arms_are_correlated():
-    base = [1, 0] * 20
-    strat = list(base)
-    strat[0] = 0  # one flip
+def test_binary_delta_reports_discordant_pairs_and_exact_mcnemar():
+    base = [1] * 7 + [0] * 13 + [1]  # Bentur et al. layout: 1 both, 7 only-baseline, 1 only-strategy
+    strat = [0] * 7 + [0] * 12 + [1] + [1]
     d = accuracy_delta(base, strat)
-    assert d.ci_high - d.ci_low < 10  # an unpaired CI on two 50% arms of n=40 would span ~40 points
+    assert (d.n_only_strategy, d.n_only_baseline) == (1, 7)
+    assert d.mcnemar_p == pytest.approx(18 / 256)  # 2 * P(X <= 1), X ~ Bin(8, 1/2)
+    assert d.ci_low < d.delta_pp < d.ci_high
+
+
+def test_continuous_delta_uses_a_deterministic_bca_bootstrap():
+    base, strat = [0.2, 0.5, 0.9, 0.4, 0.7, 0.3], [0.1, 0.5, 0.7, 0.4, 0.6, 0.35]
+    d = accuracy_delta(base, strat, seed=1)
+    assert d.method == "bca-bootstrap" and math.isnan(d.mcnemar_p)
+    assert d.delta_pp == pytest.approx(-100 * 0.35 / 6)
+    assert d.ci_low < d.delta_pp < d.ci_high
+    assert d == accuracy_delta(base, strat, seed=1)
+    # all differences equal: the bootstrap is undefined, the rounded scores get the paired score interval
+    flat = accuracy_delta([0.3, 0.8, 0.9], [0.3, 0.8, 0.9], binary=False)
+    assert flat.method == "newcombe-paired" and flat.ci_low < 0 < flat.ci_high
+
+
+def test_binary_metric_decides_the_method():
+    assert accuracy_delta([1, 0, 1], [1, 1, 1], binary=False).method == "bca-bootstrap"
+    assert accuracy_delta([1, 0, 1], [1, 1, 1]).method == "newcombe-paired"
+    with pytest.raises(ValueError):
+        accuracy_delta([0.5, 1], [1, 1], binary=True)
 
 
 def test_bootstrap_is_deterministic():
