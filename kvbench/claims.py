@@ -1,21 +1,37 @@
 """The claim check: what the measured numbers say about the source document's claims.
 
 Written by ``kvbench leaderboard`` to ``claim_check.md``. Every sentence is generated from a summary
-frame (:func:`kvbench.report.summarize` rows per task plus the pooled ``all`` rows of
-:mod:`kvbench.leaderboard`); nothing here states a conclusion that the numbers did not produce.
+frame (:func:`kvbench.report.summarize` rows per task and setting plus the pooled ``all`` rows of
+:mod:`kvbench.leaderboard`) and, when given, the paired records behind it; nothing here states a
+conclusion that the numbers did not produce. Claims are checked per setting (query-aware and
+query-agnostic), separately, whenever both were measured.
 
-Definitions (also in ``docs/leaderboard.md``):
+Every claim gets one of three verdicts, decided by the 95% intervals of measurement spec v1.1
+(Newcombe's paired score interval for binary scores, BCa bootstrap for continuous ones):
+
+* **holds** — the whole interval supports the claim ("with confidence" is only ever said of this);
+* **fails** — the whole interval contradicts it;
+* **undetermined at this n** — the interval contains both; the check then says roughly how many samples
+  per task would decide it: the n at which the effect that matters (1 point for the accuracy bound, the
+  claimed size for a claim with a size, else the observed difference) is detected with 80% power at the
+  observed baseline accuracy (:func:`kvbench.stats.n_to_detect`), and the minimum detectable effect at
+  the n measured.
+
+Definitions (also in ``docs/measurement-spec.md`` §2.2):
 
 * **within 1 point**: accuracy delta vs ``full`` above −1 percentage point (``delta_pp > −1``), i.e. a
   loss strictly under one point; **within 1% relative**: ``relative_loss < 0.01`` (undefined when the
-  baseline scores 0).
-* **"40–60% less KV memory at <1% accuracy loss"** holds on a scope when some strategy with memory
-  reduction ≥ 0.40 stays within 1 point; it holds *with confidence* when that strategy's CI lower bound
-  is also above −1 point. The relative reading (loss < 1% of the baseline's accuracy) is reported too.
-* **family comparison** (scenarios): strategy A *dominates* B on a task when A saves at least as much
-  memory with at least as good an accuracy delta, and is strictly better on one of the two. Group X
-  beats group Y when a larger fraction of Y's strategies is dominated by some X strategy than the other
-  way round.
+  baseline scores 0). These are point-estimate readings, reported next to the verdicts.
+* **"40–60% less KV memory at <1% accuracy loss"** on a scope: holds when some strategy saving ≥ 40%
+  has its whole interval above −1 point; fails when every strategy saving ≥ 40% has its whole interval
+  at or below −1 point; undetermined otherwise.
+* **A beats B** (scenarios): at the closest memory level (the matched pair of :func:`matched_pair`), the
+  interval of A − B on the same samples (paired records) lies above 0: holds; below 0: fails; for binary
+  scores the exact McNemar test must agree (p < 0.05). Without records, two non-overlapping per-strategy
+  intervals decide (conservative). The dominance counts (as much memory saved at as good a delta) are
+  reported as the point-estimate reading.
+* **A is better by m points**: holds when the interval of A − B lies above 0 and reaches m; fails when
+  it lies below m; undetermined otherwise.
 * **drops tokens**: a strategy whose measured ``kept_fraction`` (tokens held / context tokens) is below
   1; strategies that keep every token position (quantization, tiering, recomputation) have 1.
 """
@@ -31,7 +47,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvbench.report import BASELINE
+from kvbench.report import BASELINE, QUERY_AGNOSTIC, QUERY_AWARE, settings
+from kvbench.spec import Delta, accuracy_delta, binary_metric
+from kvbench.stats import CI_LEVEL, min_detectable_effect, n_to_detect
 
 #: Pseudo-task of the summary holding figures pooled over every task (built by kvbench.leaderboard).
 OVERALL = "all"
@@ -43,6 +61,23 @@ KEEPS_ALL = 1.0 - 1e-9
 #: sample_meta keys that may hold the relative depth of the fact a question needs (0 = start of the
 #: context, 1 = end), in order of preference; a list value (several needles) is averaged.
 DEPTH_KEYS = ("depth", "needle_depth", "depths", "needle_depths")
+#: "Early" facts sit in the first third of the text, "end-of-text" facts in the last third.
+EARLY_DEPTH, LATE_DEPTH = 1 / 3, 2 / 3
+#: Eviction strategies that choose what to keep from attention scores ("attention-guided management").
+ATTENTION_GUIDED = ("snapkv", "pyramidkv", "h2o", "tova")
+#: English text runs at about 1.3 model tokens per word (BPE vocabularies of ~50K entries).
+TOKENS_PER_WORD = 1.3
+#: The embedded model's context window (SmolLM2-135M's max_position_embeddings).
+EMBEDDED_CONTEXT = 8192
+#: Baseline accuracy assumed for sample sizes when none was measured: 0.5 maximises the variance.
+UNKNOWN_RATE = 0.5
+
+HOLDS, FAILS, UNDETERMINED, NOT_TESTABLE = "holds", "fails", "undetermined at this n", "not testable"
+SETTING_TEXT = {
+    QUERY_AWARE: "the question is part of the compressed prefix (kvbench's default, `task.query_aware=true`)",
+    QUERY_AGNOSTIC: "the context is compressed before the question is asked (the field's standard setting, "
+                    "kvpress's; `task.query_aware=false`)",
+}
 
 
 @dataclass(frozen=True)
@@ -52,7 +87,10 @@ class Scenario:
     task: str
     title: str
     claim: str
-    test: str  # "positions" | "quant_vs_evict" | "dropping_hurts"
+    test: str  # positions | quant_vs_evict | dropping_hurts | attention_vs_compression | recompute_best_early
+    #            | quant_step_late | forgets_words
+    size_pp: float = float("nan")  # the claimed size, for claims that state one
+    words: int = 0  # forgets_words: the text length of the claim, in words
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -64,6 +102,19 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("fiction", "long fiction",
              "needs recall of early character settings: eviction that drops tokens should hurt "
              f"(lose at least {LOSS_PP:g} point)", "dropping_hurts"),
+    Scenario("legal", "legal analysis, attention-guided",
+             "\"23% more local context integrity\" for attention-guided management than for pure compression "
+             "(read as: attention-guided eviction scores at least 23 points more than quantization at the "
+             "closest memory level)", "attention_vs_compression", size_pp=23.0),
+    Scenario("fiction", "long fiction, early settings",
+             "quantize-and-recompute is the best strategy for early character settings (facts in the first "
+             "third of the text)", "recompute_best_early"),
+    Scenario("fiction", "long fiction, quantization step",
+             "\"a small change of quantization step cuts end-of-text coreference accuracy by 0.8%\" (read "
+             "as: of the two quantizers closest in memory, the coarser scores 0.8 points less on facts in "
+             "the last third of the text)", "quant_step_late", size_pp=0.8),
+    Scenario("fiction", "long fiction, length",
+             "the model \"forgets after ~10K words\"", "forgets_words", words=10_000),
 )
 
 
@@ -83,18 +134,33 @@ class Pick:
     relative_loss: float
     kept_fraction: float
     n: int
+    setting: str = QUERY_AWARE
+    baseline_accuracy: float = float("nan")
+    n_only_strategy: float = float("nan")
+    n_only_baseline: float = float("nan")
+    mcnemar_p: float = float("nan")
 
     @classmethod
     def from_row(cls, row: Mapping) -> Pick:
         def num(key: str) -> float:
             v = row.get(key, float("nan"))
-            return float("nan") if v is None else float(v)
+            return float("nan") if v is None or isinstance(v, str) else float(v)
 
+        base = num("baseline_accuracy")
+        if math.isnan(base) and not math.isnan(num("accuracy")) and not math.isnan(num("delta_pp")):
+            base = num("accuracy") - num("delta_pp") / 100
         return cls(strategy=str(row["strategy"]), family=str(row.get("family", "")),
                    memory_reduction=num("memory_reduction"), delta_pp=num("delta_pp"),
                    ci_low=num("delta_ci_low"), ci_high=num("delta_ci_high"),
                    relative_loss=num("relative_loss"), kept_fraction=num("kept_fraction"),
-                   n=int(row.get("n", 0) or 0))
+                   n=int(row.get("n", 0) or 0), setting=str(row.get("setting", QUERY_AWARE) or QUERY_AWARE),
+                   baseline_accuracy=base, n_only_strategy=num("n_only_strategy"),
+                   n_only_baseline=num("n_only_baseline"), mcnemar_p=num("mcnemar_p"))
+
+    @property
+    def name(self) -> str:
+        """The registry name: the label without its parameters."""
+        return self.strategy.split("(", 1)[0]
 
     @property
     def drops_tokens(self) -> bool:
@@ -110,9 +176,18 @@ class Pick:
         return not math.isnan(self.relative_loss) and self.relative_loss < loss
 
     def cite(self) -> str:
-        """``int8(group_size=64) (quantization): 48.4% less memory, −0.5 pp [−1.5, +0.5]``."""
-        return (f"`{self.strategy}` ({self.family}): {pct(self.memory_reduction)} less KV memory, "
-                f"{ci_text(self)}")
+        """```int8(...)` (quantization): 48.4% less KV memory, −0.5 pp [95% CI −1.5, +0.5]`` plus, for binary
+        scores, the discordant pairs and the exact McNemar p."""
+        text = f"`{self.strategy}` ({self.family}): {pct(self.memory_reduction)} less KV memory, {ci_text(self)}"
+        if not math.isnan(self.mcnemar_p):
+            text += (f" ({int(self.n_only_strategy)} only-strategy / {int(self.n_only_baseline)} only-baseline "
+                     f"correct of {self.n}, McNemar p = {self.mcnemar_p:.2g})")
+        return text
+
+    @property
+    def rate(self) -> float:
+        """The baseline accuracy that sample sizes are computed at."""
+        return UNKNOWN_RATE if math.isnan(self.baseline_accuracy) else self.baseline_accuracy
 
 
 def pct(v: float) -> str:
@@ -133,11 +208,27 @@ def ci_text(p: Pick) -> str:
 OFFLOADING_FAMILIES = ("tiered",)
 
 
-def picks(summary: pd.DataFrame, scope: str) -> list[Pick]:
-    """Every non-baseline, non-offloading strategy measured on ``scope`` (a task or ``all``), sorted by label."""
+def setting_list(summary: pd.DataFrame) -> list[str]:
+    """The settings a summary holds, query-aware first (a summary without the column is query-aware)."""
+    if summary.empty or "setting" not in summary:
+        return [QUERY_AWARE]
+    found = {str(s) for s in summary["setting"].dropna()}
+    return [s for s in (QUERY_AWARE, QUERY_AGNOSTIC) if s in found] + sorted(found - {QUERY_AWARE, QUERY_AGNOSTIC})
+
+
+def _in_setting(frame: pd.DataFrame, setting: str | None) -> pd.DataFrame:
+    if setting is None or "setting" not in frame:
+        return frame
+    return frame[frame["setting"] == setting]
+
+
+def picks(summary: pd.DataFrame, scope: str, setting: str | None = None) -> list[Pick]:
+    """Every non-baseline, non-offloading strategy measured on ``scope`` (a task or ``all``) in ``setting``
+    (``None``: any), sorted by label."""
     if summary.empty:
         return []
-    rows = summary[(summary["task"] == scope) & (summary["strategy"] != BASELINE)]
+    rows = _in_setting(summary, setting)
+    rows = rows[(rows["task"] == scope) & (rows["strategy"] != BASELINE)]
     if "family" in rows:
         rows = rows[~rows["family"].isin(OFFLOADING_FAMILIES)]
     rows = rows.sort_values("strategy", kind="mergesort")
@@ -152,18 +243,37 @@ def _largest_reduction(cands: list[Pick]) -> Pick | None:
     return sorted(cands, key=lambda p: (-p.memory_reduction, -_nan_low(p.delta_pp), p.strategy))[0]
 
 
+def _best_delta(cands: list[Pick]) -> Pick:
+    return sorted(cands, key=lambda p: (-_nan_low(p.delta_pp), -_nan_low(p.memory_reduction), p.strategy))[0]
+
+
 def _nan_low(v: float) -> float:
     return -math.inf if math.isnan(v) else v
 
 
-def best_within_pp(summary: pd.DataFrame, scope: str, loss: float = LOSS_PP) -> Pick | None:
+def best_within_pp(summary: pd.DataFrame, scope: str, loss: float = LOSS_PP,
+                   setting: str | None = None) -> Pick | None:
     """Largest memory reduction on ``scope`` whose accuracy delta stays above ``-loss`` points."""
-    return _largest_reduction([p for p in picks(summary, scope) if p.within_pp(loss)])
+    return _largest_reduction([p for p in picks(summary, scope, setting) if p.within_pp(loss)])
 
 
-def best_within_relative(summary: pd.DataFrame, scope: str, loss: float = LOSS_RELATIVE) -> Pick | None:
+def best_within_relative(summary: pd.DataFrame, scope: str, loss: float = LOSS_RELATIVE,
+                         setting: str | None = None) -> Pick | None:
     """Largest memory reduction on ``scope`` whose relative accuracy loss stays under ``loss``."""
-    return _largest_reduction([p for p in picks(summary, scope) if p.within_relative(loss)])
+    return _largest_reduction([p for p in picks(summary, scope, setting) if p.within_relative(loss)])
+
+
+# ------------------------------------------------------------------------------------- sample sizes
+
+
+def samples_sentence(effect_pp: float, rate: float, n: int, what: str) -> str:
+    """``n = 5 detects only a 61-point change ...; about 780 samples per task would detect <what>``."""
+    needed = n_to_detect(effect_pp / 100, rate)
+    mde = min_detectable_effect(n, rate) if n > 0 else float("nan")
+    at_n = (f"n = {n} detects only a change of {100 * mde:.0f} points or more with 80% power"
+            if not math.isnan(mde) else f"n = {n} cannot detect even the largest possible change with 80% power")
+    return (f"{at_n} (baseline accuracy {rate:.2f}); about {needed:,} samples per task would detect {what} "
+            "(two-sided 5% level, 80% power; see measurement spec §2.2)")
 
 
 # ------------------------------------------------------------------------------------ headline claim
@@ -175,50 +285,65 @@ class HeadlineVerdict:
 
     scope: str
     testable: bool  # some strategy reaches the 40% reduction
-    holds: bool  # point estimate within 1 point
-    holds_ci: bool  # CI lower bound above -1 point too
+    holds: bool  # point estimate within 1 point (the point-estimate reading)
+    holds_ci: bool  # the verdict is HOLDS: the whole interval is above -1 point
     holds_relative: bool | None  # None: relative loss undefined (baseline accuracy 0)
     pick: Pick | None  # the strategy ≥ 40% that best supports the claim (or comes closest)
     in_band: bool  # a supporting strategy lies inside 40–60%
     sentence: str
+    verdict: str = NOT_TESTABLE
+    n_needed: int = 0  # UNDETERMINED: samples per task that would detect a 1-point loss
+    setting: str = QUERY_AWARE
 
 
-def headline(summary: pd.DataFrame, scope: str) -> HeadlineVerdict:
-    """Test the headline claim on one scope (a task or ``all``)."""
-    reach = [p for p in picks(summary, scope) if not math.isnan(p.memory_reduction)
+def headline(summary: pd.DataFrame, scope: str, setting: str | None = None) -> HeadlineVerdict:
+    """Test the headline claim on one scope (a task or ``all``) in one setting (``None``: the only one)."""
+    setting = setting or setting_list(summary)[0]
+    reach = [p for p in picks(summary, scope, setting) if not math.isnan(p.memory_reduction)
              and p.memory_reduction >= CLAIM_LOW]
     if not reach:
-        best = _largest_reduction(picks(summary, scope))
+        best = _largest_reduction(picks(summary, scope, setting))
         most = f"; the most any strategy saves is {pct(best.memory_reduction)}" if best else ""
         return HeadlineVerdict(scope, False, False, False, None, None, False,
-                               f"not testable: no strategy reaches {pct(CLAIM_LOW)} memory reduction{most}")
+                               f"not testable: no strategy reaches {pct(CLAIM_LOW)} memory reduction{most}",
+                               setting=setting)
     confident = [p for p in reach if p.ci_low > -LOSS_PP]
     point = [p for p in reach if p.within_pp()]
-    pick = _largest_reduction(confident) or _largest_reduction(point) or \
-        sorted(reach, key=lambda p: (-_nan_low(p.delta_pp), -p.memory_reduction, p.strategy))[0]
+    refuted = all(p.ci_high <= -LOSS_PP for p in reach)
+    pick = _largest_reduction(confident) or _largest_reduction(point) or _best_delta(reach)
     defined = [p for p in reach if not math.isnan(p.relative_loss)]
     holds_rel = any(p.within_relative() for p in defined) if defined else None
-    in_band = any(CLAIM_LOW <= p.memory_reduction <= CLAIM_HIGH for p in point)
+    supporting = confident or point
+    in_band = any(CLAIM_LOW <= p.memory_reduction <= CLAIM_HIGH for p in supporting)
+    needed = 0
     if confident:
-        verdict = (f"**holds**, and with confidence: {pick.cite()} — the whole CI is above "
-                   f"−{LOSS_PP:g} point")
-    elif point:
-        verdict = (f"**holds on the point estimate only**: {pick.cite()} — the CI lower bound "
-                   f"{pp(pick.ci_low)} is not above −{LOSS_PP:g} point, so the data cannot rule out a larger loss")
+        verdict = HOLDS
+        text = (f"**holds**, and with confidence: {pick.cite()} — the whole interval is above "
+                f"−{LOSS_PP:g} point")
+    elif refuted:
+        verdict = FAILS
+        text = (f"**fails** — the claim does not hold: every strategy saving ≥ {pct(CLAIM_LOW)} loses at least "
+                f"{LOSS_PP:g} point, each with its whole interval at or below −{LOSS_PP:g} point; the closest is "
+                f"{pick.cite()}")
     else:
-        verdict = (f"**does not hold**: every strategy saving ≥ {pct(CLAIM_LOW)} loses at least "
-                   f"{LOSS_PP:g} point; the closest is {pick.cite()}")
+        verdict = UNDETERMINED
+        needed = n_to_detect(LOSS_PP / 100, pick.rate)
+        reading = ("the point estimate is within" if pick.within_pp() else "the point estimate loses more than")
+        text = (f"**undetermined at this n**: {pick.cite()} — {reading} {LOSS_PP:g} point, but the interval "
+                f"[{pp(pick.ci_low)}, {pp(pick.ci_high)}] contains losses both under and over {LOSS_PP:g} point; "
+                + samples_sentence(LOSS_PP, pick.rate, pick.n, f"a {LOSS_PP:g}-point loss"))
     extras = []
-    if point and not in_band:
+    if supporting and not in_band:
         extras.append(f"no strategy inside the {pct(CLAIM_LOW)}–{pct(CLAIM_HIGH)} band itself stays within "
                       f"{LOSS_PP:g} point (the supporting ones save more)")
     if holds_rel is None:
         extras.append("the relative reading is undefined (the baseline scores 0)")
     else:
-        extras.append(f"read as <{100 * LOSS_RELATIVE:g}% *relative* loss it "
-                      f"{'holds' if holds_rel else 'does not hold'}")
-    sentence = verdict + ("; " + "; ".join(extras) if extras else "") + "."
-    return HeadlineVerdict(scope, True, bool(point), bool(confident), holds_rel, pick, in_band, sentence)
+        extras.append(f"read as <{100 * LOSS_RELATIVE:g}% *relative* loss, the point estimate "
+                      f"{'is' if holds_rel else 'is not'} within it")
+    sentence = text + ("; " + "; ".join(extras) if extras else "") + "."
+    return HeadlineVerdict(scope, True, bool(point), verdict == HOLDS, holds_rel, pick, in_band, sentence,
+                           verdict, needed, setting)
 
 
 # --------------------------------------------------------------------------------------- scenarios
@@ -260,15 +385,10 @@ class GroupComparison:
         return self.a_fraction > self.b_fraction
 
     def sentence(self) -> str:
-        s = (f"{len(self.b_dominated)} of {len(self.b)} {self.b_name} strategies are dominated by "
-             f"{_article(self.a_name)} {self.a_name} strategy (as much memory saved or more, at as good an "
-             f"accuracy delta or better), and {len(self.a_dominated)} of {len(self.a)} {self.a_name} strategies "
-             f"by {_article(self.b_name)} {self.b_name} one")
-        pair = matched_pair(self.a, self.b)
-        if pair is not None:
-            pa, pb = pair
-            s += (f"; at the closest memory level, {pa.cite()} versus {pb.cite()}")
-        return s
+        return (f"{len(self.b_dominated)} of {len(self.b)} {self.b_name} strategies are dominated by "
+                f"{_article(self.a_name)} {self.a_name} strategy (as much memory saved or more, at as good an "
+                f"accuracy delta or better), and {len(self.a_dominated)} of {len(self.a)} {self.a_name} "
+                f"strategies by {_article(self.b_name)} {self.b_name} one")
 
 
 def _article(word: str) -> str:
@@ -294,6 +414,78 @@ def matched_pair(a: list[Pick], b: list[Pick]) -> tuple[Pick, Pick] | None:
     return best[4], best[5]
 
 
+@dataclass(frozen=True)
+class Contrast:
+    """Strategy A minus strategy B on one task and setting, in points, with a 95% interval."""
+
+    a: Pick
+    b: Pick
+    diff_pp: float
+    low: float  # nan when only the two per-strategy intervals were available
+    high: float
+    n: int
+    b_rate: float  # B's accuracy on the compared samples (sample sizes are computed at it)
+    paired: bool  # from the paired records (True) or from two summary rows (False)
+    detail: str = ""
+    mcnemar_p: float = float("nan")  # binary scores: exact McNemar p of A vs B
+
+    @property
+    def _exact_agrees(self) -> bool:
+        # The score interval and the exact test can disagree at a handful of discordant pairs (4 of 4 one
+        # way: the interval excludes 0, exact p = 0.125); a direction is only called when both agree.
+        return math.isnan(self.mcnemar_p) or self.mcnemar_p < 1 - CI_LEVEL
+
+    @property
+    def a_better(self) -> bool:
+        return self.low > 0 and self._exact_agrees if self.paired else self.a.ci_low > self.b.ci_high
+
+    @property
+    def b_better(self) -> bool:
+        return self.high < 0 and self._exact_agrees if self.paired else self.b.ci_low > self.a.ci_high
+
+    def text(self) -> str:
+        if self.paired:
+            return (f"`{self.a.strategy}` − `{self.b.strategy}` = {pp(self.diff_pp)} pp [95% CI {pp(self.low)}, "
+                    f"{pp(self.high)}] on the same {self.n} samples{self.detail}")
+        return (f"`{self.a.strategy}` − `{self.b.strategy}` = {pp(self.diff_pp)} pp from the two deltas "
+                f"({ci_text(self.a)} versus {ci_text(self.b)}; without the paired records only "
+                "non-overlapping intervals decide)")
+
+
+def _depth_mask(records: pd.DataFrame, depth: tuple[float, float] | None) -> pd.Series:
+    if depth is None:
+        return pd.Series(True, index=records.index)
+    d = records["sample_meta"].map(sample_depth) if "sample_meta" in records else pd.Series(np.nan, records.index)
+    return (d >= depth[0]) & (d <= depth[1])
+
+
+def contrast(a: Pick, b: Pick, task: str, records: pd.DataFrame | None = None,
+             depth: tuple[float, float] | None = None, seed: int = 0) -> Contrast | None:
+    """A − B: paired on identical samples from ``records`` when given (restricted to facts at relative
+    ``depth`` (low, high) when given), else from the two summary rows. ``None`` when the records hold no
+    common samples."""
+    if records is None or records.empty:
+        if depth is not None:
+            return None
+        return Contrast(a, b, a.delta_pp - b.delta_pp, float("nan"), float("nan"), min(a.n, b.n),
+                        a.baseline_accuracy if not math.isnan(a.baseline_accuracy) else UNKNOWN_RATE, False)
+    df = records[(records["task"] == task) & (settings(records) == a.setting)]
+    df = df[_depth_mask(df, depth)]
+    cols = ["sample_id", "score"] + (["metric"] if "metric" in df else [])
+    both = df[df["strategy"] == a.strategy][cols].merge(df[df["strategy"] == b.strategy][cols], on="sample_id",
+                                                        suffixes=("_a", "_b"))
+    if both.empty:
+        return None
+    metrics = set(both["metric_a"].dropna()) | set(both["metric_b"].dropna()) if "metric_a" in both else set()
+    d: Delta = accuracy_delta(both["score_b"].to_numpy(), both["score_a"].to_numpy(), seed=seed,
+                              binary=binary_metric(sorted(metrics)))
+    detail = ""
+    if not math.isnan(d.mcnemar_p):
+        detail = (f" ({d.n_only_strategy} only-A / {d.n_only_baseline} only-B correct, "
+                  f"McNemar p = {d.mcnemar_p:.2g})")
+    return Contrast(a, b, d.delta_pp, d.ci_low, d.ci_high, d.n, d.baseline, True, detail, d.mcnemar_p)
+
+
 @dataclass
 class ScenarioResult:
     scenario: Scenario
@@ -301,8 +493,11 @@ class ScenarioResult:
     winner: Pick | None = None  # largest reduction within 1 point on the task
     closest: Pick | None = None  # best delta when nothing stays within 1 point
     families: list[tuple[str, Pick, bool]] = field(default_factory=list)  # family, its pick, within 1 point
-    holds: bool | None = None  # None: not testable with what was measured
+    holds: bool | None = None  # the point-estimate reading; None: not testable with what was measured
     evidence: str = ""
+    verdict: str = NOT_TESTABLE
+    n_needed: int = 0  # UNDETERMINED: samples per task that would decide it
+    setting: str = QUERY_AWARE
 
 
 def family_picks(task_picks: list[Pick]) -> list[tuple[str, Pick, bool]]:
@@ -314,68 +509,251 @@ def family_picks(task_picks: list[Pick]) -> list[tuple[str, Pick, bool]]:
         if within is not None:
             out.append((fam, within, True))
         else:
-            out.append((fam, sorted(members, key=lambda p: (-_nan_low(p.delta_pp), p.strategy))[0], False))
+            out.append((fam, _best_delta(members), False))
     return out
 
 
-def scenario(summary: pd.DataFrame, sc: Scenario, records: pd.DataFrame | None = None) -> ScenarioResult:
-    """Which family wins on the scenario's task, and whether the scenario's claim holds there.
+def _decide_direction(res: ScenarioResult, c: Contrast, a_name: str, b_name: str) -> None:
+    """Verdict of "A beats B" from the matched pair's contrast."""
+    if c.a_better:
+        res.verdict, outcome = HOLDS, f"{a_name} is better at this memory level, with confidence"
+    elif c.b_better:
+        res.verdict, outcome = FAILS, f"{b_name} is better at this memory level, with confidence"
+    else:
+        res.verdict = UNDETERMINED
+        effect = max(abs(c.diff_pp), LOSS_PP)
+        res.n_needed = n_to_detect(effect / 100, c.b_rate)
+        outcome = ("the interval contains both; "
+                   + samples_sentence(effect, c.b_rate, c.n, f"a {effect:.0f}-point difference"))
+    res.evidence += f" At the closest memory level, {c.text()}: {outcome}."
 
-    ``records`` (optional, paired records) add the token-dropping strategies' loss per depth of the
-    fact to the fiction evidence, when the task records depths.
+
+def _decide_size(res: ScenarioResult, c: Contrast, size: float, what: str) -> None:
+    """Verdict of "A is better than B by ``size`` points"."""
+    if not c.paired:
+        lo, hi = c.a.ci_low - c.b.ci_high, c.a.ci_high - c.b.ci_low  # conservative bounds from two intervals
+    else:
+        lo, hi = c.low, c.high
+    if c.a_better and hi >= size:
+        res.verdict, outcome = HOLDS, f"the interval is above 0 and reaches {size:g} points: consistent with {what}"
+    elif hi < size:
+        res.verdict, outcome = FAILS, f"the whole interval is below {size:g} points: {what} is ruled out"
+    else:
+        res.verdict = UNDETERMINED
+        res.n_needed = n_to_detect(size / 100, c.b_rate)
+        outcome = ("the interval contains both no gain and the claimed one; "
+                   + samples_sentence(size, c.b_rate, c.n, f"a {size:g}-point difference"))
+    res.evidence += f" {c.text()}: {outcome}."
+
+
+def scenario(summary: pd.DataFrame, sc: Scenario, records: pd.DataFrame | None = None,
+             setting: str | None = None) -> ScenarioResult:
+    """Which family wins on the scenario's task, and the verdict on the scenario's claim there.
+
+    ``records`` (optional, paired records) give paired intervals between two strategies, and the depth
+    of each sample's fact for the claims about early or end-of-text facts.
     """
-    task_picks = picks(summary, sc.task)
+    setting = setting or setting_list(summary)[0]
+    task_picks = picks(summary, sc.task, setting)
     if not task_picks:
-        return ScenarioResult(sc, False, evidence=f"not measured: no strategy records for task `{sc.task}`.")
-    res = ScenarioResult(sc, True, winner=best_within_pp(summary, sc.task), families=family_picks(task_picks))
+        return ScenarioResult(sc, False, evidence=f"not measured: no strategy records for task `{sc.task}`.",
+                              setting=setting)
+    res = ScenarioResult(sc, True, winner=best_within_pp(summary, sc.task, setting=setting),
+                         families=family_picks(task_picks), setting=setting)
     if res.winner is None:
-        res.closest = sorted(task_picks, key=lambda p: (-_nan_low(p.delta_pp), p.strategy))[0]
+        res.closest = _best_delta(task_picks)
+    test = _TESTS[sc.test]
+    test(res, summary, task_picks, records)
+    return res
 
-    if sc.test in ("positions", "quant_vs_evict"):
-        if sc.test == "positions":
-            a_name, b_name = "position-keeping", "token-dropping"
-            a = [p for p in task_picks if not p.drops_tokens]
-            b = [p for p in task_picks if p.drops_tokens]
-        else:
-            a_name, b_name = "quantization", "eviction"
-            a = [p for p in task_picks if p.family == "quantization"]
-            b = [p for p in task_picks if p.family == "eviction"]
-        if not a or not b:
-            missing = a_name if not a else b_name
-            res.evidence = f"not testable on `{sc.task}`: no {missing} strategy was measured."
-            return res
-        cmp = compare_groups(a_name, a, b_name, b)
-        res.holds = cmp.a_wins
-        outcome = (f"{a_name} beats {b_name}" if cmp.a_wins else
-                   f"{b_name} beats {a_name}" if cmp.b_wins else "neither group dominates the other")
-        res.evidence = f"On `{sc.task}`, {cmp.sentence()}: {outcome}."
-        return res
 
-    # dropping_hurts: the token-dropping strategies' mean delta must reach -1 point.
+def _group_test(res: ScenarioResult, summary: pd.DataFrame, task_picks: list[Pick],
+                records: pd.DataFrame | None) -> None:
+    sc = res.scenario
+    if sc.test == "positions":
+        a_name, b_name = "position-keeping", "token-dropping"
+        a = [p for p in task_picks if not p.drops_tokens]
+        b = [p for p in task_picks if p.drops_tokens]
+    else:
+        a_name, b_name = "quantization", "eviction"
+        a = [p for p in task_picks if p.family == "quantization"]
+        b = [p for p in task_picks if p.family == "eviction"]
+    if not a or not b:
+        res.evidence = f"not testable on `{sc.task}`: no {a_name if not a else b_name} strategy was measured."
+        return
+    cmp = compare_groups(a_name, a, b_name, b)
+    res.holds = cmp.a_wins
+    outcome = (f"{a_name} beats {b_name}" if cmp.a_wins else
+               f"{b_name} beats {a_name}" if cmp.b_wins else "neither group dominates the other")
+    res.evidence = f"On `{sc.task}`, {cmp.sentence()}: on the point estimates {outcome}."
+    pa, pb = matched_pair(a, b)
+    c = contrast(pa, pb, sc.task, records)
+    if c is not None:
+        _decide_direction(res, c, a_name, b_name)
+
+
+def _dropping_test(res: ScenarioResult, summary: pd.DataFrame, task_picks: list[Pick],
+                   records: pd.DataFrame | None) -> None:
+    """Eviction should hurt: holds when every token-dropping strategy's whole interval is at or below −1
+    point; fails when some token-dropping strategy's whole interval is above −1 point."""
+    sc = res.scenario
     drop = [p for p in task_picks if p.drops_tokens and not math.isnan(p.delta_pp)]
     if not drop:
         res.evidence = f"not testable on `{sc.task}`: no token-dropping strategy was measured."
-        return res
+        return
     mean = sum(p.delta_pp for p in drop) / len(drop)
     hurt = [p for p in drop if not p.within_pp()]
-    significant = [p for p in drop if p.ci_high < 0]
+    confident_hurt = [p for p in drop if p.ci_high <= -LOSS_PP]
+    harmless = [p for p in drop if p.ci_low > -LOSS_PP]
     res.holds = mean <= -LOSS_PP
-    others = _mean_delta_elsewhere(summary, sc.task, [p.strategy for p in drop])
+    others = _mean_delta_elsewhere(summary, sc.task, [p.strategy for p in drop], res.setting)
     elsewhere = (f"; the same strategies average {pp(others)} pp on the other tasks"
                  if others is not None else "")
     worst = sorted(drop, key=lambda p: (_nan_low(p.delta_pp), p.strategy))[0]
     res.evidence = (f"On `{sc.task}`, the {len(drop)} token-dropping strategies average {pp(mean)} pp "
-                    f"({len(hurt)} lose at least {LOSS_PP:g} point, {len(significant)} with a CI entirely "
-                    f"below 0){elsewhere}; the largest loss is {worst.cite()}: "
-                    f"{'they hurt' if res.holds else f'on average they do not lose {LOSS_PP:g} point'}.")
+                    f"({len(hurt)} lose at least {LOSS_PP:g} point on the point estimate, {len(confident_hurt)} "
+                    f"with the whole interval at or below −{LOSS_PP:g}){elsewhere}; the largest loss is "
+                    f"{worst.cite()}.")
+    if len(confident_hurt) == len(drop):
+        res.verdict = HOLDS
+        res.evidence += f" Every one loses at least {LOSS_PP:g} point with confidence."
+    elif harmless:
+        res.verdict = FAILS
+        res.evidence += (f" {harmless[0].cite()} stays within {LOSS_PP:g} point with confidence, so dropping "
+                         "tokens does not always hurt.")
+    else:
+        res.verdict = UNDETERMINED
+        least = _best_delta([p for p in drop if p not in confident_hurt])
+        res.n_needed = n_to_detect(LOSS_PP / 100, least.rate)
+        res.evidence += (f" For {least.cite()} the interval contains losses both under and over {LOSS_PP:g} "
+                         f"point; " + samples_sentence(LOSS_PP, least.rate, least.n, f"a {LOSS_PP:g}-point loss")
+                         + ".")
     if records is not None:
-        res.evidence += _depth_sentence(depth_deltas(records, sc.task, [p.strategy for p in drop]))
-    return res
+        res.evidence += _depth_sentence(depth_deltas(records, sc.task, [p.strategy for p in drop], res.setting))
 
 
-def _mean_delta_elsewhere(summary: pd.DataFrame, task: str, strategies: list[str]) -> float | None:
-    rows = summary[(summary["task"] != task) & (summary["task"] != OVERALL)
-                   & summary["strategy"].isin(strategies)]["delta_pp"].dropna()
+def _attention_test(res: ScenarioResult, summary: pd.DataFrame, task_picks: list[Pick],
+                    records: pd.DataFrame | None) -> None:
+    sc = res.scenario
+    a = [p for p in task_picks if p.family == "eviction" and p.name in ATTENTION_GUIDED]
+    b = [p for p in task_picks if p.family == "quantization"]
+    if not a or not b:
+        res.evidence = (f"not testable on `{sc.task}`: no "
+                        f"{'attention-guided eviction' if not a else 'quantization'} strategy was measured.")
+        return
+    pa, pb = matched_pair(a, b)
+    res.holds = pa.delta_pp - pb.delta_pp >= sc.size_pp
+    res.evidence = f"On `{sc.task}`, at the closest memory level ({pa.cite()} versus {pb.cite()}):"
+    c = contrast(pa, pb, sc.task, records)
+    if c is not None:
+        _decide_size(res, c, sc.size_pp, f"{sc.size_pp:g} more points for attention-guided eviction")
+
+
+def _recompute_test(res: ScenarioResult, summary: pd.DataFrame, task_picks: list[Pick],
+                    records: pd.DataFrame | None) -> None:
+    """Quantize-and-recompute is best on early facts: holds when its pick beats every other family's pick
+    with confidence; fails when some family's pick beats it with confidence."""
+    sc = res.scenario
+    fams = dict((fam, p) for fam, p, _ in res.families)
+    if "recompute" not in fams or len(fams) < 2:
+        res.evidence = f"not testable on `{sc.task}`: needs quantize-and-recompute and at least one other family."
+        return
+    qr = fams.pop("recompute")
+    depth = (0.0, EARLY_DEPTH)
+    has_depth = records is not None and _has_depth(records, sc.task)
+    contrasts = [c for c in (contrast(qr, p, sc.task, records, depth if has_depth else None)
+                             for p in fams.values()) if c is not None]
+    where = ("facts in the first third of the text" if has_depth
+             else "all samples (the records carry no depth of the fact)")
+    if not contrasts:
+        res.evidence = f"not testable on `{sc.task}`: no sample with a fact in the first third of the text."
+        return
+    res.holds = all(c.diff_pp >= 0 for c in contrasts)
+    res.evidence = (f"On `{sc.task}` ({where}), `{qr.strategy}` against each other family's pick: "
+                    + "; ".join(c.text() for c in contrasts) + ".")
+    beaten_by = [c for c in contrasts if c.b_better]
+    if all(c.a_better for c in contrasts):
+        res.verdict = HOLDS
+        res.evidence += " Quantize-and-recompute beats every other family with confidence."
+    elif beaten_by:
+        res.verdict = FAILS
+        res.evidence += f" `{beaten_by[0].b.strategy}` beats it with confidence."
+    else:
+        res.verdict = UNDETERMINED
+        close = sorted(contrasts, key=lambda c: (abs(c.diff_pp), c.b.strategy))[0]
+        effect = max(abs(close.diff_pp), LOSS_PP)
+        res.n_needed = n_to_detect(effect / 100, close.b_rate)
+        res.evidence += (f" Not every interval excludes 0; for the closest, `{close.b.strategy}`, "
+                         + samples_sentence(effect, close.b_rate, close.n, f"a {effect:.0f}-point difference")
+                         + ".")
+
+
+def _quant_step_test(res: ScenarioResult, summary: pd.DataFrame, task_picks: list[Pick],
+                     records: pd.DataFrame | None) -> None:
+    sc = res.scenario
+    quant = [p for p in task_picks if p.family == "quantization" and not math.isnan(p.memory_reduction)]
+    if len(quant) < 2:
+        res.evidence = f"not testable on `{sc.task}`: needs two quantization strategies."
+        return
+    pairs = sorted(((abs(p.memory_reduction - q.memory_reduction), p.strategy, q.strategy, p, q)
+                    for i, p in enumerate(quant) for q in quant[i + 1:]), key=lambda t: t[:3])
+    _, _, _, p, q = pairs[0]
+    fine, coarse = (p, q) if p.memory_reduction <= q.memory_reduction else (q, p)
+    res.holds = fine.delta_pp - coarse.delta_pp >= sc.size_pp
+    if records is not None and _has_depth(records, sc.task):
+        late = contrast(fine, coarse, sc.task, records, (LATE_DEPTH, 1.0))
+        if late is None:
+            depths = sorted({round(d, 2) for d in _depths(records, sc.task)})
+            whole = contrast(fine, coarse, sc.task, records)
+            res.holds = None
+            res.evidence = (f"not testable on these records: the `{sc.task}` samples place the fact at depths "
+                            f"{', '.join(f'{d:g}' for d in depths)} of the text, none in the last third. On all "
+                            f"samples, {whole.text() if whole else 'no common samples'}.")
+            return
+        res.evidence = f"On `{sc.task}`, facts in the last third of the text:"
+        _decide_size(res, late, sc.size_pp, "a 0.8-point cut")
+        return
+    res.evidence = f"On `{sc.task}` (all samples: the records carry no depth of the fact):"
+    c = contrast(fine, coarse, sc.task, records)
+    if c is not None:
+        _decide_size(res, c, sc.size_pp, f"a {sc.size_pp:g}-point cut")
+
+
+def _forgets_test(res: ScenarioResult, summary: pd.DataFrame, task_picks: list[Pick],
+                  records: pd.DataFrame | None) -> None:
+    sc = res.scenario
+    tokens = int(sc.words * TOKENS_PER_WORD)
+    rows = _in_setting(summary, res.setting)
+    longest = int(rows["context_tokens"].max()) if "context_tokens" in rows and rows["context_tokens"].notna().any() \
+        else 0
+    res.holds = None
+    measured = f"the longest context measured is {longest:,} tokens" if longest else "no context length was recorded"
+    if longest < tokens:
+        res.evidence = (f"not testable here: {sc.words:,} words are about {tokens:,} tokens (~{TOKENS_PER_WORD:g} "
+                        f"tokens per word) and {measured}; the embedded SmolLM2-135M's window is "
+                        f"{EMBEDDED_CONTEXT:,} tokens, so it cannot test this claim at all. A model with a longer "
+                        "window (`model=local`) and a sweep over `task.context_tokens` can.")
+    else:
+        res.evidence = (f"not tested by the claim check: {measured}, long enough, but the claim needs accuracy as "
+                        "a function of context length (a sweep over `task.context_tokens`).")
+
+
+_TESTS = {
+    "positions": _group_test,
+    "quant_vs_evict": _group_test,
+    "dropping_hurts": _dropping_test,
+    "attention_vs_compression": _attention_test,
+    "recompute_best_early": _recompute_test,
+    "quant_step_late": _quant_step_test,
+    "forgets_words": _forgets_test,
+}
+
+
+def _mean_delta_elsewhere(summary: pd.DataFrame, task: str, strategies: list[str],
+                          setting: str | None = None) -> float | None:
+    rows = _in_setting(summary, setting)
+    rows = rows[(rows["task"] != task) & (rows["task"] != OVERALL)
+                & rows["strategy"].isin(strategies)]["delta_pp"].dropna()
     return float(rows.mean()) if len(rows) else None
 
 
@@ -397,16 +775,31 @@ def sample_depth(meta: Any, key: str | None = None) -> float:
     return float("nan")
 
 
-def depth_deltas(records: pd.DataFrame | None, task: str, strategies: Sequence[str]) -> dict[float, float]:
+def _depths(records: pd.DataFrame, task: str) -> list[float]:
+    if "sample_meta" not in records:
+        return []
+    vals = records.loc[records["task"] == task, "sample_meta"].map(sample_depth)
+    return [float(v) for v in vals.dropna()]
+
+
+def _has_depth(records: pd.DataFrame, task: str) -> bool:
+    return bool(_depths(records, task))
+
+
+def depth_deltas(records: pd.DataFrame | None, task: str, strategies: Sequence[str],
+                 setting: str | None = None) -> dict[float, float]:
     """Mean paired delta (pp) of ``strategies`` vs ``full`` per depth of the fact in the context.
 
     ``records`` are paired records (one per task, strategy and sample key, as the leaderboard builds
     them); each strategy's delta at a depth is its mean score minus ``full``'s on the same samples, and
-    the strategies are then averaged. ``{}`` when the task's records carry no depth.
+    the strategies are then averaged. ``setting`` (``None``: all records) restricts to one setting.
+    ``{}`` when the task's records carry no depth.
     """
     if records is None or records.empty or "sample_meta" not in records:
         return {}
     df = records[records["task"] == task]
+    if setting is not None:
+        df = df[settings(df) == setting]
     df = df.assign(_depth=[round(sample_depth(m), 3) for m in df["sample_meta"]])
     df = df[df["_depth"].notna()]
     base = df[df["strategy"] == BASELINE][["sample_id", "score"]]
@@ -424,16 +817,18 @@ def _depth_sentence(deltas: dict[float, float]) -> str:
     parts = ", ".join(f"{pp(v)} pp at depth {d:g}" for d, v in deltas.items())
     shallow, deep = deltas[min(deltas)], deltas[max(deltas)]
     trend = ("larger than" if shallow < deep else "smaller than" if shallow > deep else "the same as")
-    return (f" By the fact's depth in the context (0 = start), they average {parts}: the loss at the "
-            f"shallowest depth is {trend} at the deepest.")
+    return (f" By the fact's depth in the context (0 = start), they average {parts} (point estimates): the "
+            f"loss at the shallowest depth is {trend} at the deepest.")
 
 
 # ------------------------------------------------------------------------------------------- report
 
 
 @dataclass
-class ClaimCheck:
-    meta: dict[str, str]
+class SettingCheck:
+    """Every claim in one setting."""
+
+    setting: str
     scopes: list[str]
     best_pp: dict[str, Pick | None]
     best_relative: dict[str, Pick | None]
@@ -442,22 +837,47 @@ class ClaimCheck:
     scenarios: list[ScenarioResult]
 
 
+@dataclass
+class ClaimCheck:
+    meta: dict[str, str]
+    settings: list[SettingCheck]
+
+    @property
+    def scopes(self) -> list[str]:
+        return self.settings[0].scopes if self.settings else []
+
+    @property
+    def headline(self) -> dict[str, HeadlineVerdict]:
+        """The first setting's headline verdicts per scope."""
+        return self.settings[0].headline if self.settings else {}
+
+    @property
+    def scenarios(self) -> list[ScenarioResult]:
+        """Every setting's scenario results, the first setting's first."""
+        return [r for s in self.settings for r in s.scenarios]
+
+
 def check_claims(summary: pd.DataFrame, meta: Mapping[str, str] | None = None,
                  records: pd.DataFrame | None = None, scenarios: tuple[Scenario, ...] = SCENARIOS) -> ClaimCheck:
-    """Evaluate every claim on a summary frame (per-task rows, optionally the pooled ``all`` rows); the
-    paired ``records`` behind it, when given, add depth breakdowns."""
-    tasks = sorted(t for t in summary["task"].astype(str).unique() if t != OVERALL) if not summary.empty else []
-    scopes = tasks + ([OVERALL] if not summary.empty and (summary["task"] == OVERALL).any() else [])
-    rel_defined = {s: any(not math.isnan(p.relative_loss) for p in picks(summary, s)) for s in scopes}
-    return ClaimCheck(
-        meta=dict(meta or {}),
-        scopes=scopes,
-        best_pp={s: best_within_pp(summary, s) for s in scopes},
-        best_relative={s: best_within_relative(summary, s) for s in scopes},
-        relative_defined=rel_defined,
-        headline={s: headline(summary, s) for s in scopes},
-        scenarios=[scenario(summary, sc, records) for sc in scenarios],
-    )
+    """Evaluate every claim on a summary frame (per-task rows, optionally the pooled ``all`` rows), once per
+    setting it holds; the paired ``records`` behind it, when given, add paired intervals between strategies
+    and depth breakdowns."""
+    out = []
+    for setting in ([] if summary.empty else setting_list(summary)):
+        rows = _in_setting(summary, setting)
+        tasks = sorted(t for t in rows["task"].astype(str).unique() if t != OVERALL)
+        scopes = tasks + ([OVERALL] if (rows["task"] == OVERALL).any() else [])
+        out.append(SettingCheck(
+            setting=setting,
+            scopes=scopes,
+            best_pp={s: best_within_pp(summary, s, setting=setting) for s in scopes},
+            best_relative={s: best_within_relative(summary, s, setting=setting) for s in scopes},
+            relative_defined={s: any(not math.isnan(p.relative_loss) for p in picks(summary, s, setting))
+                              for s in scopes},
+            headline={s: headline(summary, s, setting) for s in scopes},
+            scenarios=[scenario(summary, sc, records, setting) for sc in scenarios],
+        ))
+    return ClaimCheck(meta=dict(meta or {}), settings=out)
 
 
 def _scope_name(scope: str) -> str:
@@ -470,6 +890,10 @@ def _cells(p: Pick | None, undefined: bool = False) -> list[str]:
     return [f"`{p.strategy}` ({p.family})", pct(p.memory_reduction), ci_text(p)]
 
 
+def _needed(n: int) -> str:
+    return f"~{n:,}" if n else "–"
+
+
 def render_claims(check: ClaimCheck) -> str:
     """``claim_check.md``: tables and sentences generated from ``check``."""
     m = check.meta
@@ -479,66 +903,85 @@ def render_claims(check: ClaimCheck) -> str:
                   f"profile {m.get('hardware', '?')}, dtype {m.get('dtype', '?')}; {m.get('records', '?')} "
                   "records. Generated by `kvbench leaderboard` from the result store.", ""]
     lines += [
-        f"Accuracy deltas are strategy − `{BASELINE}` in percentage points on identical samples, with paired "
-        "bootstrap 95% CIs; memory reduction is 1 − KV bytes held / dense 16-bit bytes (measurement spec v1). "
-        f"*Within 1 point* means delta > −{LOSS_PP:g} pp; *within 1% relative* means "
-        f"(baseline − strategy) / baseline < {LOSS_RELATIVE:g}.",
+        f"Accuracy deltas are strategy − `{BASELINE}` in percentage points on identical samples, with 95% "
+        "intervals of measurement spec v1.1: Newcombe's paired score interval for binary scores (with the "
+        "discordant pairs and an exact McNemar p) and a BCa bootstrap for continuous ones. Memory reduction is "
+        "1 − KV bytes held / dense 16-bit bytes. "
+        f"*Within 1 point* means delta > −{LOSS_PP:g} pp and *within 1% relative* means "
+        f"(baseline − strategy) / baseline < {LOSS_RELATIVE:g}, both on the point estimate.",
+        "",
+        "A claim **holds** when the whole interval supports it (only then is it said to hold *with "
+        "confidence*), **fails** when the whole interval contradicts it, and is **undetermined at this n** "
+        "otherwise; then the check gives roughly how many samples per task would decide it (80% power, "
+        "two-sided 5% level, at the observed baseline accuracy).",
         "",
     ]
-    if not check.scopes:
+    if not check.settings:
         return "\n".join(lines + ["No strategy records to check.", ""])
+    for sc in check.settings:
+        lines += _render_setting(sc, several=len(check.settings) > 1)
+    return "\n".join(lines)
 
-    lines += ["## Largest memory reduction within the accuracy bound", "",
+
+def _render_setting(check: SettingCheck, several: bool) -> list[str]:
+    h2 = "##" if not several else "###"
+    lines = []
+    if several or check.setting != QUERY_AWARE:
+        lines += [f"## Setting: {check.setting}", "", SETTING_TEXT.get(check.setting, check.setting) + ".", ""]
+    lines += [f"{h2} Largest memory reduction within the accuracy bound", "",
               "| scope | within 1 point | reduction | Δ accuracy | within 1% relative | reduction | Δ accuracy |",
               "|---|---|---:|---|---|---:|---|"]
     for s in check.scopes:
         cells = _cells(check.best_pp[s]) + _cells(check.best_relative[s], not check.relative_defined[s])
         lines.append(f"| {_scope_name(s)} | " + " | ".join(cells) + " |")
 
-    lines += ["", "## \"40–60% less KV memory at <1% accuracy loss\"", "",
-              f"Holds on a scope when a strategy saving ≥ {pct(CLAIM_LOW)} stays within 1 point; *with "
-              "confidence* when its CI lower bound is above −1 point too.", "",
-              "| scope | holds (point estimate) | CI lower bound > −1 pp | <1% relative loss | strategy |",
-              "|---|---|---|---|---|"]
+    lines += ["", f"{h2} \"40–60% less KV memory at <1% accuracy loss\"", "",
+              f"Holds on a scope when a strategy saving ≥ {pct(CLAIM_LOW)} has its whole interval above −1 point; "
+              f"fails when every strategy saving ≥ {pct(CLAIM_LOW)} has its whole interval at or below −1 point.",
+              "",
+              "| scope | verdict | point estimate within 1 point | interval above −1 pp | <1% relative loss "
+              "| samples to decide | strategy |",
+              "|---|---|---|---|---|---:|---|"]
     for s in check.scopes:
         h = check.headline[s]
         if not h.testable:
-            lines.append(f"| {_scope_name(s)} | not testable | – | – | – |")
+            lines.append(f"| {_scope_name(s)} | not testable | – | – | – | – | – |")
             continue
         rel = "undefined" if h.holds_relative is None else _yes(h.holds_relative)
-        lines.append(f"| {_scope_name(s)} | {_yes(h.holds)} | {_yes(h.holds_ci)} | {rel} | "
-                     f"{h.pick.cite() if h.pick else '–'} |")
+        lines.append(f"| {_scope_name(s)} | {h.verdict} | {_yes(h.holds)} | {_yes(h.holds_ci)} | {rel} | "
+                     f"{_needed(h.n_needed)} | {h.pick.cite() if h.pick else '–'} |")
     lines.append("")
     for s in check.scopes:
         lines.append(f"- **{_scope_name(s)}**: {check.headline[s].sentence}")
 
-    lines += ["", "## Scenarios", "",
-              "| scenario | task | winning family (largest reduction within 1 point) | strategy | claim | holds |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", f"{h2} Scenarios", "",
+              "| scenario | task | winning family (largest reduction within 1 point) | strategy | claim | verdict "
+              "| samples to decide |",
+              "|---|---|---|---|---|---|---:|"]
     for r in check.scenarios:
         sc = r.scenario
         if not r.measured:
-            lines.append(f"| {sc.title} | `{sc.task}` | not measured | – | {sc.claim} | – |")
+            lines.append(f"| {sc.title} | `{sc.task}` | not measured | – | {sc.claim} | – | – |")
             continue
         if r.winner is not None:
-            win, strat = r.winner.family, r.winner.cite()
+            win, strat = r.winner.family, f"`{r.winner.strategy}`"
         else:
             win = "none within 1 point"
-            strat = f"closest: {r.closest.cite()}" if r.closest else "–"
-        holds = "not testable" if r.holds is None else _yes(r.holds)
-        lines.append(f"| {sc.title} | `{sc.task}` | {win} | {strat} | {sc.claim} | {holds} |")
+            strat = f"closest: `{r.closest.strategy}`" if r.closest else "–"
+        lines.append(f"| {sc.title} | `{sc.task}` | {win} | {strat} | {sc.claim} | {r.verdict} | "
+                     f"{_needed(r.n_needed)} |")
     lines.append("")
     for r in check.scenarios:
         sc = r.scenario
-        lines.append(f"### {sc.title} (`{sc.task}`)")
+        lines.append(f"{h2}# {sc.title} (`{sc.task}`)")
         lines.append("")
-        lines.append(f"Claim: {sc.title} {sc.claim}. {r.evidence}")
-        if r.families:
+        lines.append(f"Claim: {sc.claim}. **{r.verdict}.** {r.evidence}")
+        if r.families and sc.test in ("positions", "quant_vs_evict", "dropping_hurts"):
             lines += ["", "| family | strategy | reduction | Δ accuracy | within 1 point |", "|---|---|---:|---|---|"]
             for fam, p, ok in r.families:
                 lines.append(f"| {fam} | `{p.strategy}` | {pct(p.memory_reduction)} | {ci_text(p)} | {_yes(ok)} |")
         lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 def _yes(flag: bool) -> str:
