@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvbench import claims, leaderboard
+from kvbench import SPEC_VERSION, claims, leaderboard
 from kvbench.errors import KVBenchError
 from kvbench.results import atomic_write_parquet, read_store
 
@@ -50,7 +50,7 @@ def test_writes_markdown_csv_html_and_claim_check(store_dir, records, tmp_path, 
         for col in ("delta_pp", "delta_ci_low", "delta_ci_high", "memory_reduction", "bytes_per_token",
                     "prefill_s", "decode_ms_per_token", "n"):
             assert f"{task}.{col}" in table.columns
-    assert set(table["model"]) == {"tiny-llama"} and set(table["spec_version"].astype(str)) == {"1.0"}
+    assert set(table["model"]) == {"tiny-llama"} and set(table["spec_version"].astype(str)) == {SPEC_VERSION}
     assert (table["alpha.n"] == 6).all()
     full = table[table["strategy"] == "full"].iloc[0]
     assert full["alpha.delta_pp"] == 0 and full["alpha.bytes_per_token"] == pytest.approx(512.0)
@@ -162,7 +162,7 @@ def test_empty_store_is_a_clear_error(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("changes, flag, found", [
-    ({"spec_version": "2.0"}, "--spec-version", "spec versions 1.0, 2.0"),
+    ({"spec_version": "2.0"}, "--spec-version", f"spec versions {SPEC_VERSION}, 2.0"),
     ({"model": "other-model"}, "--model", "models other-model, tiny-llama"),
 ])
 def test_mixing_spec_versions_or_models_is_refused(store_dir, records, tmp_path, capsys, changes, flag, found):
@@ -242,7 +242,7 @@ def test_headline_claim_point_estimate_and_confidence():
     point_only = _summary([_row("legal", "int8", "quantization", 0.48, -0.2, -2.5, +2.0)])
     h = claims.headline(point_only, "legal")
     assert (h.holds, h.holds_ci) == (True, False)
-    assert "point estimate only" in h.sentence and "-2.5" in h.sentence
+    assert "undetermined at this n" in h.sentence and "-2.5" in h.sentence and h.n_needed > 0
 
     fails = _summary([_row("legal", "int8", "quantization", 0.48, -3.0, -5.0, -1.0),
                       _row("legal", "int8b", "quantization", 0.30, 0.0, -1.0, +1.0)])
@@ -330,11 +330,11 @@ def test_claim_check_markdown_is_generated_from_the_numbers():
         _row("papers", "snapkv", "eviction", 0.50, -4.0, -7.0, -1.0, kept=0.5),
     ])
     text = claims.render_claims(claims.check_claims(s, {"model": "m", "spec_version": "1.0"}))
-    assert "Model **m**" in text and "| papers | yes | yes | yes |" in text
+    assert "Model **m**" in text and "| papers | holds | yes | yes | yes |" in text
     assert "| paper reading | `papers` | quantization |" in text
     worse = s.assign(delta_pp=s["delta_pp"] * 30, delta_ci_low=s["delta_ci_low"] * 30)
     text = claims.render_claims(claims.check_claims(worse))
-    assert "| papers | no | no |" in text and "none within 1 point" in text
+    assert "| papers | undetermined at this n | no | no |" in text and "none within 1 point" in text
 
 
 def test_fiction_evidence_breaks_the_loss_down_by_depth(records):

@@ -21,7 +21,7 @@ lm_eval = pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from kvbench import lmeval  # noqa: E402
+from kvbench import SPEC_VERSION, lmeval  # noqa: E402
 from kvbench.errors import KVBenchError  # noqa: E402
 from kvbench.results import RECORD_KEY, read_store  # noqa: E402
 
@@ -265,7 +265,7 @@ def test_export_run_import_round_trip_into_store_and_leaderboard(tmp_path, capsy
     int8 = store[store["strategy_name"] == "int8"]
     assert set(store["strategy"]) == {"full", "int8(axis=token,group_size=16)"}
     assert int8["memory_reduction"].tolist() == pytest.approx([1 - 9 / 16] * len(int8))
-    assert (store["spec_version"] == "1.0").all()
+    assert (store["spec_version"] == SPEC_VERSION).all()
     assert store["kl"].isna().all() and store["decode_ms_per_token"].isna().all()
     assert (store["model"] == "tiny-llama").all() and (store["source"] == "lm-eval").all()
 
