@@ -16,7 +16,7 @@ benchmark run has:
   interval for the bias and skew of means of bounded scores; it is computed by ``scipy.stats.bootstrap``.
 
 Sample sizes use the normal approximation for two proportions (Fleiss, Levin & Paik 2003, *Statistical
-Methods for Rates and Proportions*, eq. 4.14 without continuity correction), ignoring the pairing: when
+Methods for Rates and Proportions*, 3rd ed., ch. 4, without continuity correction), ignoring the pairing: when
 the two arms are positively correlated, as a compressed cache and the full cache are, the paired design
 needs fewer samples, so the figures are conservative.
 
