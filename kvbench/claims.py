@@ -266,13 +266,13 @@ def best_within_relative(summary: pd.DataFrame, scope: str, loss: float = LOSS_R
 # ------------------------------------------------------------------------------------- sample sizes
 
 
-def samples_sentence(effect_pp: float, rate: float, n: int, what: str) -> str:
-    """``n = 5 detects only a 61-point change ...; about 780 samples per task would detect <what>``."""
+def samples_sentence(effect_pp: float, rate: float, n: int, what: str, where: str = "per task") -> str:
+    """``n = 5 detects only a change of 61 points ...; about 778 samples per task would detect <what>``."""
     needed = n_to_detect(effect_pp / 100, rate)
     mde = min_detectable_effect(n, rate) if n > 0 else float("nan")
     at_n = (f"n = {n} detects only a change of {100 * mde:.0f} points or more with 80% power"
             if not math.isnan(mde) else f"n = {n} cannot detect even the largest possible change with 80% power")
-    return (f"{at_n} (baseline accuracy {rate:.2f}); about {needed:,} samples per task would detect {what} "
+    return (f"{at_n} (baseline accuracy {rate:.2f}); about {needed:,} samples {where} would detect {what} "
             "(two-sided 5% level, 80% power; see measurement spec §2.2)")
 
 
@@ -331,7 +331,8 @@ def headline(summary: pd.DataFrame, scope: str, setting: str | None = None) -> H
         reading = ("the point estimate is within" if pick.within_pp() else "the point estimate loses more than")
         text = (f"**undetermined at this n**: {pick.cite()} — {reading} {LOSS_PP:g} point, but the interval "
                 f"[{pp(pick.ci_low)}, {pp(pick.ci_high)}] contains losses both under and over {LOSS_PP:g} point; "
-                + samples_sentence(LOSS_PP, pick.rate, pick.n, f"a {LOSS_PP:g}-point loss"))
+                + samples_sentence(LOSS_PP, pick.rate, pick.n, f"a {LOSS_PP:g}-point loss",
+                                   "pooled over the tasks" if scope == OVERALL else "per task"))
     extras = []
     if supporting and not in_band:
         extras.append(f"no strategy inside the {pct(CLAIM_LOW)}–{pct(CLAIM_HIGH)} band itself stays within "
@@ -530,10 +531,7 @@ def _decide_direction(res: ScenarioResult, c: Contrast, a_name: str, b_name: str
 
 def _decide_size(res: ScenarioResult, c: Contrast, size: float, what: str) -> None:
     """Verdict of "A is better than B by ``size`` points"."""
-    if not c.paired:
-        lo, hi = c.a.ci_low - c.b.ci_high, c.a.ci_high - c.b.ci_low  # conservative bounds from two intervals
-    else:
-        lo, hi = c.low, c.high
+    hi = c.high if c.paired else c.a.ci_high - c.b.ci_low  # without records: a conservative upper bound
     if c.a_better and hi >= size:
         res.verdict, outcome = HOLDS, f"the interval is above 0 and reaches {size:g} points: consistent with {what}"
     elif hi < size:

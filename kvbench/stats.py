@@ -164,7 +164,8 @@ def n_to_detect(effect: float, baseline_rate: float, level: float = CI_LEVEL, po
     from ``baseline_rate`` with probability ``power`` (normal approximation, pairing ignored: conservative).
 
     A drop larger than the baseline rate is impossible, so the effect is taken in whichever direction
-    stays inside [0, 1].
+    stays inside [0, 1]. Never fewer than :func:`min_exact_pairs`: near 0 or 1 the normal approximation
+    asks for a handful of samples that no exact test could decide on.
     """
     effect = abs(float(effect))
     if effect == 0 or math.isnan(effect) or math.isnan(baseline_rate):
@@ -174,7 +175,16 @@ def n_to_detect(effect: float, baseline_rate: float, level: float = CI_LEVEL, po
     if not 0.0 <= p2 <= 1.0:
         return 0
     var = p1 * (1 - p1) + p2 * (1 - p2)
-    return max(1, math.ceil(_z(level, power) ** 2 * var / effect**2))
+    return max(min_exact_pairs(level), math.ceil(_z(level, power) ** 2 * var / effect**2))
+
+
+def min_exact_pairs(level: float = CI_LEVEL) -> int:
+    """The fewest pairs on which the exact McNemar test can reject at all: all of them discordant in one
+    direction gives p = 2 / 2**m, so m = 6 at the 5% level (5 pairs give at best p = 0.0625)."""
+    m = 1
+    while 2 * 0.5**m >= 1 - level:
+        m += 1
+    return m
 
 
 def min_detectable_effect(n: int, baseline_rate: float, level: float = CI_LEVEL, power: float = POWER) -> float:

@@ -89,6 +89,7 @@ def test_sample_size_and_minimum_detectable_effect_are_inverse():
         assert stats.n_to_detect(mde, p) in (n, n + 1)
     assert stats.min_detectable_effect(5, 1.0) > 0.5
     assert stats.n_to_detect(0.0, 1.0) == 0
+    assert stats.min_exact_pairs() == 6 and stats.n_to_detect(1.0, 1.0) == 6  # no exact test decides on 5
 
 
 @settings(max_examples=200, deadline=None)
