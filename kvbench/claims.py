@@ -584,8 +584,8 @@ def _group_test(res: ScenarioResult, summary: pd.DataFrame, task_picks: list[Pic
     outcome = (f"{a_name} beats {b_name}" if cmp.a_wins else
                f"{b_name} beats {a_name}" if cmp.b_wins else "neither group dominates the other")
     res.evidence = f"On `{sc.task}`, {cmp.sentence()}: on the point estimates {outcome}."
-    pa, pb = matched_pair(a, b)
-    c = contrast(pa, pb, sc.task, records)
+    pair = matched_pair(a, b)
+    c = contrast(*pair, sc.task, records) if pair else None
     if c is not None:
         _decide_direction(res, c, a_name, b_name)
 
@@ -639,7 +639,11 @@ def _attention_test(res: ScenarioResult, summary: pd.DataFrame, task_picks: list
         res.evidence = (f"not testable on `{sc.task}`: no "
                         f"{'attention-guided eviction' if not a else 'quantization'} strategy was measured.")
         return
-    pa, pb = matched_pair(a, b)
+    pair = matched_pair(a, b)
+    if pair is None:
+        res.evidence = f"not testable on `{sc.task}`: no memory reduction was measured."
+        return
+    pa, pb = pair
     res.holds = pa.delta_pp - pb.delta_pp >= sc.size_pp
     res.evidence = f"On `{sc.task}`, at the closest memory level ({pa.cite()} versus {pb.cite()}):"
     c = contrast(pa, pb, sc.task, records)

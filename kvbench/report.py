@@ -83,9 +83,9 @@ def summarize(records: pd.DataFrame, baseline: str = BASELINE, seed: int = 0) ->
             "hardware": grp["hardware"].iloc[0],
         })
     out = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
-    order = {baseline: 0}
+    first = {"strategy": {baseline: 0}, "setting": {QUERY_AWARE: 0}}  # the baseline and the default first
     return out.sort_values(["task", "setting", "strategy"],
-                           key=lambda s: s.map(lambda v: (order.get(v, 1), v)) if s.name == "strategy" else s,
+                           key=lambda s: s.map(lambda v: (first[s.name].get(v, 1), v)) if s.name in first else s,
                            kind="mergesort").reset_index(drop=True)
 
 

@@ -58,7 +58,7 @@ def test_settings_are_summarised_side_by_side_and_paired_within():
     aware = _records({"full": [1] * 4, "snapkv": [1] * 4})
     agnostic = _records({"full": [1, 1, 0, 0], "snapkv": [0, 0, 0, 0]}, query_aware=False)
     s = summarize(pd.concat([aware, agnostic], ignore_index=True))
-    assert list(s["setting"].unique()) == ["query-agnostic", "query-aware"]
+    assert list(s["setting"].unique()) == ["query-aware", "query-agnostic"]  # the default first
     snap = s[s["strategy"] == "snapkv"].set_index("setting")
     assert snap.loc["query-aware", "delta_pp"] == 0.0  # paired with the query-aware baseline only
     assert snap.loc["query-agnostic", "delta_pp"] == -50.0
