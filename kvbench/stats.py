@@ -38,6 +38,9 @@ POWER = 0.80
 #: Resamples of the BCa bootstrap: the BCa end points are extreme percentiles of the bootstrap
 #: distribution, so it needs more resamples than a percentile interval (scipy's default too).
 BCA_RESAMPLES = 9999
+#: Resamples (and jackknife samples) evaluated at once: bounds the memory at large n (the jackknife of n
+#: values is n x (n-1) otherwise). The result does not depend on it.
+BCA_BATCH = 256
 
 
 # ------------------------------------------------------------------------------------------- binary
@@ -148,7 +151,7 @@ def bca_mean_interval(values: Sequence[float], seed: int = 0, level: float = CI_
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # scipy warns (and returns nan) on degenerate resamples
         res = stats.bootstrap((x,), np.mean, n_resamples=resamples, confidence_level=level, method="BCa",
-                              vectorized=True, rng=np.random.default_rng(seed))
+                              vectorized=True, batch=BCA_BATCH, rng=np.random.default_rng(seed))
     return mean, float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
