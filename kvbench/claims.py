@@ -524,8 +524,8 @@ def _decide_direction(res: ScenarioResult, c: Contrast, a_name: str, b_name: str
         res.verdict = UNDETERMINED
         effect = max(abs(c.diff_pp), LOSS_PP)
         res.n_needed = n_to_detect(effect / 100, c.b_rate)
-        outcome = ("the interval contains both; "
-                   + samples_sentence(effect, c.b_rate, c.n, f"a {effect:.0f}-point difference"))
+        outcome = ("neither is better with confidence (the interval contains 0, or the exact test does not "
+                   "reject); " + samples_sentence(effect, c.b_rate, c.n, f"a {effect:.0f}-point difference"))
     res.evidence += f" At the closest memory level, {c.text()}: {outcome}."
 
 
@@ -539,7 +539,7 @@ def _decide_size(res: ScenarioResult, c: Contrast, size: float, what: str) -> No
     else:
         res.verdict = UNDETERMINED
         res.n_needed = n_to_detect(size / 100, c.b_rate)
-        outcome = ("the interval contains both no gain and the claimed one; "
+        outcome = (f"the gain is not established with confidence, yet the interval reaches {size:g} points; "
                    + samples_sentence(size, c.b_rate, c.n, f"a {size:g}-point difference"))
     res.evidence += f" {c.text()}: {outcome}."
 
