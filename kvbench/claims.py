@@ -266,13 +266,15 @@ def best_within_relative(summary: pd.DataFrame, scope: str, loss: float = LOSS_R
 # ------------------------------------------------------------------------------------- sample sizes
 
 
-def samples_sentence(effect_pp: float, rate: float, n: int, what: str, where: str = "per task") -> str:
-    """``n = 5 detects only a change of 61 points ...; about 778 samples per task would detect <what>``."""
+def samples_sentence(effect_pp: float, rate: float, n: int, what: str, where: str = "per task",
+                     rate_name: str = "baseline accuracy") -> str:
+    """``n = 5 detects only a change of 61 points ...; about 778 samples per task would detect <what>``;
+    ``rate`` is the accuracy the change is measured from (``rate_name`` says whose)."""
     needed = n_to_detect(effect_pp / 100, rate)
     mde = min_detectable_effect(n, rate) if n > 0 else float("nan")
     at_n = (f"n = {n} detects only a change of {100 * mde:.0f} points or more with 80% power"
             if not math.isnan(mde) else f"n = {n} cannot detect even the largest possible change with 80% power")
-    return (f"{at_n} (baseline accuracy {rate:.2f}); about {needed:,} samples {where} would detect {what} "
+    return (f"{at_n} ({rate_name} {rate:.2f}); about {needed:,} samples {where} would detect {what} "
             "(two-sided 5% level, 80% power; see measurement spec §2.2)")
 
 
@@ -331,7 +333,7 @@ def headline(summary: pd.DataFrame, scope: str, setting: str | None = None) -> H
         reading = ("the point estimate is within" if pick.within_pp() else "the point estimate loses more than")
         text = (f"**undetermined at this n**: {pick.cite()} — {reading} {LOSS_PP:g} point, but the interval "
                 f"[{pp(pick.ci_low)}, {pp(pick.ci_high)}] contains losses both under and over {LOSS_PP:g} point; "
-                + samples_sentence(LOSS_PP, pick.rate, pick.n, f"a {LOSS_PP:g}-point loss",
+                + samples_sentence(LOSS_PP, pick.rate, pick.n, f"a loss of {LOSS_PP:g} point",
                                    "pooled over the tasks" if scope == OVERALL else "per task"))
     extras = []
     if supporting and not in_band:
@@ -525,7 +527,8 @@ def _decide_direction(res: ScenarioResult, c: Contrast, a_name: str, b_name: str
         effect = max(abs(c.diff_pp), LOSS_PP)
         res.n_needed = n_to_detect(effect / 100, c.b_rate)
         outcome = ("neither is better with confidence (the interval contains 0, or the exact test does not "
-                   "reject); " + samples_sentence(effect, c.b_rate, c.n, f"a {effect:.0f}-point difference"))
+                   "reject); " + samples_sentence(effect, c.b_rate, c.n, f"a difference of {effect:.0f} points",
+                                                  rate_name=f"`{c.b.name}` accuracy"))
     res.evidence += f" At the closest memory level, {c.text()}: {outcome}."
 
 
@@ -540,7 +543,8 @@ def _decide_size(res: ScenarioResult, c: Contrast, size: float, what: str) -> No
         res.verdict = UNDETERMINED
         res.n_needed = n_to_detect(size / 100, c.b_rate)
         outcome = (f"the gain is not established with confidence, yet the interval reaches {size:g} points; "
-                   + samples_sentence(size, c.b_rate, c.n, f"a {size:g}-point difference"))
+                   + samples_sentence(size, c.b_rate, c.n, f"a difference of {size:g} points",
+                                      rate_name=f"`{c.b.name}` accuracy"))
     res.evidence += f" {c.text()}: {outcome}."
 
 
@@ -624,7 +628,7 @@ def _dropping_test(res: ScenarioResult, summary: pd.DataFrame, task_picks: list[
         least = _best_delta([p for p in drop if p not in confident_hurt])
         res.n_needed = n_to_detect(LOSS_PP / 100, least.rate)
         res.evidence += (f" For {least.cite()} the interval contains losses both under and over {LOSS_PP:g} "
-                         f"point; " + samples_sentence(LOSS_PP, least.rate, least.n, f"a {LOSS_PP:g}-point loss")
+                         f"point; " + samples_sentence(LOSS_PP, least.rate, least.n, f"a loss of {LOSS_PP:g} point")
                          + ".")
     if records is not None:
         res.evidence += _depth_sentence(depth_deltas(records, sc.task, [p.strategy for p in drop], res.setting))
@@ -686,7 +690,8 @@ def _recompute_test(res: ScenarioResult, summary: pd.DataFrame, task_picks: list
         effect = max(abs(close.diff_pp), LOSS_PP)
         res.n_needed = n_to_detect(effect / 100, close.b_rate)
         res.evidence += (f" Not every interval excludes 0; for the closest, `{close.b.strategy}`, "
-                         + samples_sentence(effect, close.b_rate, close.n, f"a {effect:.0f}-point difference")
+                         + samples_sentence(effect, close.b_rate, close.n, f"a difference of {effect:.0f} points",
+                                            rate_name=f"`{close.b.name}` accuracy")
                          + ".")
 
 
@@ -713,12 +718,12 @@ def _quant_step_test(res: ScenarioResult, summary: pd.DataFrame, task_picks: lis
                             f"samples, {whole.text() if whole else 'no common samples'}.")
             return
         res.evidence = f"On `{sc.task}`, facts in the last third of the text:"
-        _decide_size(res, late, sc.size_pp, "a 0.8-point cut")
+        _decide_size(res, late, sc.size_pp, f"a cut of {sc.size_pp:g} points")
         return
     res.evidence = f"On `{sc.task}` (all samples: the records carry no depth of the fact):"
     c = contrast(fine, coarse, sc.task, records)
     if c is not None:
-        _decide_size(res, c, sc.size_pp, f"a {sc.size_pp:g}-point cut")
+        _decide_size(res, c, sc.size_pp, f"a cut of {sc.size_pp:g} points")
 
 
 def _forgets_test(res: ScenarioResult, summary: pd.DataFrame, task_picks: list[Pick],
