@@ -133,3 +133,14 @@ def test_scenarios_get_three_verdicts_and_the_samples_to_decide():
 def test_sample_size_sentence_reads_the_numbers():
     text = claims.samples_sentence(1.0, 1.0, 5, "a 1-point loss")
     assert "n = 5 detects only a change of 61 points" in text and f"about {n_to_detect(0.01, 1.0):,}" in text
+
+
+def test_without_records_only_non_overlapping_intervals_decide():
+    a = claims.Pick("a", "quantization", 0.7, -0.6, -1.4, 0.2, 0.0, 1.0, 50)
+    b = claims.Pick("b", "eviction", 0.7, -8.0, -12.0, -4.0, 0.0, 0.3, 50)
+    c = claims.contrast(a, b, "papers")
+    assert not c.paired and c.diff_pp == pytest.approx(7.4) and c.a_better and not c.b_better
+    near = claims.Pick("c", "eviction", 0.7, -2.0, -5.0, 1.0, 0.0, 0.3, 50)
+    c = claims.contrast(a, near, "papers")
+    assert not c.a_better and not c.b_better
+    assert claims.contrast(a, b, "papers", depth=(0.0, 0.3)) is None  # depths need the records
