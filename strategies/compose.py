@@ -80,9 +80,12 @@ class Compose(Strategy):
         self.evict_params = _non_default(evict, self.evict_params)
         self.quantize_params = _non_default(quant, self.quantize_params)
         self.evictor, self.quantizer = evict, quant
+
+    @property
+    def query_window(self) -> int | None:
         # The engine captures the prefix queries either side reads (None = all of them).
-        windows = (evict.query_window, quant.query_window)
-        self.query_window = None if None in windows else max(windows)  # type: ignore[type-var]
+        windows = (self.evictor.query_window, self.quantizer.query_window)
+        return None if None in windows else max(windows)  # type: ignore[type-var]
 
     def bind(self, context: RunContext) -> None:
         super().bind(context)

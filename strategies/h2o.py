@@ -70,8 +70,11 @@ class H2O(EvictionStrategy):
     """Heavy hitters by accumulated attention + recent window, at prefill and every decode step."""
 
     name = "h2o"
-    query_window = None
     recent_fraction: float = 0.5
+
+    @property
+    def query_window(self) -> int | None:
+        return None  # the accumulated attention needs every prefix query
 
     def validate(self) -> None:
         super().validate()

@@ -64,14 +64,13 @@ class SnapKV(EvictionStrategy):
     """Observation-window attention, pooled, per KV head; window tokens always kept."""
 
     name = "snapkv"
-    query_window = 32
     window_size: int = 32
     kernel_size: int = 7
     pooling: str = "max"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.query_window = self.window_size  # the engine captures this many prefix queries
+    @property
+    def query_window(self) -> int | None:
+        return self.window_size  # the engine captures this many prefix queries
 
     def validate(self) -> None:
         super().validate()

@@ -39,8 +39,11 @@ class Tova(EvictionStrategy):
     """Lowest attention from the current query leaves, at prefill and every decode step."""
 
     name = "tova"
-    query_window = 1
     per_head: bool = False
+
+    @property
+    def query_window(self) -> int | None:
+        return 1  # the last prefix query ranks the prefix
 
     def validate(self) -> None:
         super().validate()

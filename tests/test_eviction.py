@@ -110,6 +110,25 @@ def test_budget_tokens_alone_disables_the_default_ratio():
     assert strategies.build("snapkv").compression_ratio == 0.5
 
 
+@pytest.mark.parametrize("name", strategies.available())
+def test_query_window_is_an_instance_property_never_stored(name):
+    """Issue 16: the window is derived per instance; building one never writes it on the instance or class."""
+    cls = strategies.strategy_class(name)
+    built = strategies.build(name)
+    assert "query_window" not in vars(built)
+    assert isinstance(getattr(cls, "query_window"), property)
+    window = built.query_window
+    assert window is None or (isinstance(window, int) and window >= 0)
+
+
+def test_query_window_follows_each_instance_parameters():
+    small, default = strategies.build("snapkv", {"window_size": 8}), strategies.build("snapkv")
+    assert (small.query_window, default.query_window) == (8, 32)
+    assert strategies.build("compose", {"evict_params": {"window_size": 8}}).query_window == 8
+    assert strategies.build("tiered", {"hot_heavy_tokens": 4, "observation_window": 8}).query_window == 8
+    assert strategies.build("snapkv").query_window == 32  # the earlier instances changed nothing shared
+
+
 # -- scoring helpers ----------------------------------------------------------------------------------------
 def _dense_probs(q: torch.Tensor, k: torch.Tensor, scaling: float) -> torch.Tensor:
     """Naive reference: repeat K per query head, full causal softmax, queries at the last positions."""
