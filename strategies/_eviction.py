@@ -136,7 +136,7 @@ def attention_column_sums(queries: torch.Tensor, keys: torch.Tensor, scaling: fl
     k = keys.float()
     n, nq = k.shape[-2], queries.shape[-2]
     grouped = _grouped(queries, k.shape[1])
-    out = torch.zeros(*grouped.shape[:3], n)
+    out = torch.zeros(*grouped.shape[:3], n, device=k.device)  # on the keys' device: it meets probs below
     for start in range(0, nq, chunk):  # blocks of queries, each one batched matmul (not a loop over tokens)
         stop = min(start + chunk, nq)
         visible = n - nq + stop  # keys up to the block's last query position

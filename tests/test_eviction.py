@@ -116,7 +116,7 @@ def test_query_window_is_an_instance_property_never_stored(name):
     cls = strategies.strategy_class(name)
     built = strategies.build(name)
     assert "query_window" not in vars(built)
-    assert isinstance(getattr(cls, "query_window"), property)
+    assert isinstance(cls.query_window, property)
     window = built.query_window
     assert window is None or (isinstance(window, int) and window >= 0)
 
