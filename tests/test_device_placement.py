@@ -10,11 +10,15 @@ that report the ``privateuseone`` device, registered as a Python backend, so ``.
 dimensions raises :class:`DeviceMixing` (CUDA accepts 0-dim host scalars and cross-device ``copy_``/``to``, so
 they pass). Factory ops without a device stay on the host and are caught where they meet device tensors.
 
-Why not the alternatives (measured on the two bugs above, see the eviction docs): ``meta`` tensors stop at the
-first ``.item()`` and accept CPU operands; ``FakeTensorMode`` with a fake CUDA device flags the mix but raises
-``DataDependentOutputException`` at the first ``.item()`` (budgets, position checks), so most strategies never
-reach their decode path; a dispatch mode flagging factory ops "without a device" cannot tell ``torch.zeros(n)``
-from ``torch.zeros(n, device=x.device)`` on a CPU run (both arrive as ``device=cpu``).
+Why not the alternatives — measured on the pre-fix code (h2o / random store prefill, torch 2.13 CPU build):
+on the ``meta`` device h2o stops at the first ``.item()`` (the query-position check) before reaching the bug,
+and random runs clean because meta accepts the CPU scores; ``FakeTensorMode`` with a fake ``cuda`` device
+fails on the first tensor indexing (a CPU-only build has no CUDA device guard) for fixed and buggy code alike,
+and ``.item()`` raises ``DataDependentOutputException`` under it; a dispatch mode that flags factory ops
+"without a device" cannot tell ``torch.zeros(n)`` from ``torch.zeros(n, device=x.device)`` on a CPU run (both
+arrive as ``device=cpu``). This simulation fails on exactly the two bugs and passes once they are fixed.
+Not covered: code behind ``device.type == "cuda"`` (tiered's pinned memory and side streams) — the simulated
+device is ``privateuseone``; ``tests/test_gpu_path.py`` covers it on a real GPU.
 """
 
 from __future__ import annotations
