@@ -45,8 +45,12 @@ def _params(value: Any, what: str) -> dict[str, Any]:
 def _non_default(built: Strategy, params: dict[str, Any]) -> dict[str, Any]:
     """``params`` without entries equal to the inner strategy's defaults, so equal configurations share a label
     (the YAML lists ``compression_ratio: null`` / ``budget_tokens: null`` only to make them overridable)."""
-    defaults = {f.name: f.default for f in dataclasses.fields(built)}  # type: ignore[arg-type]
-    return {k: v for k, v in params.items() if not (k in defaults and defaults[k] == v)}
+    # A value is a default if it equals the field's declared default or what a default instance resolves it to
+    # (SnapKV's window left None takes its preset's value in __post_init__).
+    declared = {f.name: f.default for f in dataclasses.fields(built)}  # type: ignore[arg-type]
+    resolved = type(built)().params()
+    return {k: v for k, v in params.items()
+            if not any(k in defaults and defaults[k] == v for defaults in (declared, resolved))}
 
 
 @dataclass
