@@ -95,6 +95,9 @@ def test_keep_count_ratio_and_tokens():
     ("pyramidkv", {"beta": 0.5}, "beta"),
     ("h2o", {"recent_fraction": 1.5}, "recent_fraction"),
     ("tova", {"per_head": "yes"}, "true or false"),
+    ("tova", {"protect_last": 1}, "tova.protect_last"),
+    ("h2o", {"fixed_cache": "no"}, "h2o.fixed_cache"),
+    ("snapkv", {"preset": "vllm"}, "kvcache_factory, snapkv, kvpress"),
     ("random", {"seed": -3}, "seed"),
     ("knorm", {"window": 3}, "valid: compression_ratio, budget_tokens, decode_evict"),
 ])
@@ -329,14 +332,71 @@ def test_generate_with_an_attached_decode_evicting_cache(tiny_model, tiny_ids):
 
 # -- pyramid budgets -------------------------------------------------------------------------------------------
 def test_pyramid_budgets_keep_the_mean_and_shrink_with_depth():
-    b = pyramid_budgets(30 * 100, 1000, 30, 20.0)
-    assert sum(b) == 3000 and b == sorted(b, reverse=True) and b[0] > 150 and b[-1] == 5
-    clipped = pyramid_budgets(8 * 70, 90, 8, 20.0)  # layer 0 would want 136 > 90 tokens
-    assert sum(clipped) == 560 and max(clipped) == 90 and clipped == sorted(clipped, reverse=True)
-    assert pyramid_budgets(40, 100, 1, 20.0) == [40]
+    # kvpress's schedule (tests/test_parity_eviction.py checks it against the formula at many ratios/depths).
+    b = pyramid_budgets(1000, 100.0, 4, 30, 20.0)
+    assert abs(sum(b) - 3000) <= 15 and b == sorted(b, reverse=True) and b[0] == 195 and b[-1] == 5
+    capped = pyramid_budgets(100, 70.0, 8, 8, 20.0)  # layer 0 would want 136 > 100 - 8 tokens
+    assert capped[0] == 92 and capped[-1] == 48 and capped == sorted(capped, reverse=True)
+    assert pyramid_budgets(100, 40.0, 8, 1, 20.0) == [40]  # one layer: SnapKV's budget
+    assert pyramid_budgets(1000, 100.0, 8, 4, 20.0) == [100] * 4  # top layer below the window: uniform
     s = strategies.build("pyramidkv", {"compression_ratio": 0.5, "window_size": 8})
     keeps = [s.prefill_keep(1000, i, 12) for i in range(12)]
-    assert sum(keeps) == 12 * 500 and keeps[0] > keeps[-1] >= 8
+    assert abs(sum(keeps) - 12 * 500) <= 6 and keeps[0] > keeps[-1] >= 8
+
+
+def test_snapkv_presets_fill_only_what_the_user_left_unset():
+    assert strategies.build("snapkv").params() == strategies.build("snapkv", {"preset": "kvcache_factory"}).params()
+    kvpress = strategies.build("snapkv", {"preset": "kvpress"})
+    assert (kvpress.window_size, kvpress.kernel_size, kvpress.pooling) == (64, 5, "avg")
+    assert kvpress.query_window == 64
+    repo = strategies.build("pyramidkv", {"preset": "snapkv"})
+    assert (repo.window_size, repo.kernel_size, repo.pooling) == (32, 5, "avg")
+    mixed = strategies.build("snapkv", {"preset": "kvpress", "window_size": 16})  # explicit value wins
+    assert (mixed.window_size, mixed.kernel_size, mixed.pooling) == (16, 5, "avg")
+    # Labels record what runs: an explicit spelling of a preset's values is the same configuration.
+    spelled = strategies.build("snapkv", {"window_size": 64, "kernel_size": 5, "pooling": "avg"})
+    assert spelled.label() == kvpress.label() and "preset" not in kvpress.params()
+    with pytest.raises(KVBenchError, match="kvcache_factory, snapkv, kvpress"):
+        strategies.build("snapkv", {"preset": "vllm"})
+
+
+def test_preset_from_the_command_line_overrides_the_yaml():
+    """``strategy.preset=kvpress`` works through Hydra: the YAML leaves the preset-governed fields null."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    for name in ("snapkv", "pyramidkv"):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = OmegaConf.to_container(compose(name, overrides=["preset=kvpress"]), resolve=True)
+        cfg.pop("name")
+        built = strategies.build(name, cfg)
+        assert (built.window_size, built.kernel_size, built.pooling) == (64, 5, "avg")
+
+
+@pytest.mark.parametrize("name", ["h2o", "tova"])
+def test_fixed_cache_keeps_the_prompt_budget_while_decoding(tiny_model, tiny_ids, name):
+    """The papers' fixed-size cache: with a ratio the budget normally grows with every token seen."""
+    held = {}
+    for fixed in (False, True):
+        cache = KVBenchCache(strategies.build(name, {"compression_ratio": 0.5, "fixed_cache": fixed}),
+                             tiny_model.config)
+        tok = tiny_ids[:, :40]
+        with torch.inference_mode(), cache.attach(tiny_model):
+            for _ in range(20):
+                tok = tiny_model(input_ids=tok, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        held[fixed] = cache.held_tokens()
+    assert held[True] == [20, 20] and held[False] == [keep_count(59, 0.5, None)] * 2
+
+
+def test_tova_protect_last_always_keeps_the_newest_token():
+    k = _tagged_keys(1, 2, 12, 8)
+    q = torch.zeros(1, 4, 1, 8)
+    q[..., 1] = 1.0
+    k[..., -1, 1] = -50.0  # the last token gets (almost) no attention: TOVA's own code would evict it
+    plain, kvpress = _store("tova", {"budget_tokens": 4}), _store("tova", {"budget_tokens": 4, "protect_last": True})
+    for store in (plain, kvpress):
+        store.prefill(k, k.clone(), _capture(q, 2))
+    assert 11 not in _kept(plain)[0, 0].tolist() and 11 in _kept(kvpress)[0, 0].tolist()
 
 
 # -- equivalence with a masked full cache -------------------------------------------------------------------
