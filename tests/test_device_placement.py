@@ -183,7 +183,9 @@ def test_every_strategy_keeps_its_tensors_on_the_device(device_model, name):
 
 
 @pytest.mark.parametrize("name,params", [("knorm", {"decode_evict": True}), ("random", {"decode_evict": True}),
-                                         ("tova", {"per_head": True}), ("h2o", {"budget_tokens": 20}),
+                                         ("tova", {"per_head": True, "protect_last": True}),
+                                         ("h2o", {"budget_tokens": 20}), ("h2o", {"fixed_cache": True}),
+                                         ("streaming_llm", {"rerotate": True}),
                                          ("tiered", {"hot_heavy_tokens": 4, "recent_tokens": 8})])
 def test_decode_time_eviction_paths_stay_on_the_device(device_model, name, params):
     _run(device_model, name, params)

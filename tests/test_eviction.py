@@ -97,6 +97,7 @@ def test_keep_count_ratio_and_tokens():
     ("tova", {"per_head": "yes"}, "true or false"),
     ("tova", {"protect_last": 1}, "tova.protect_last"),
     ("h2o", {"fixed_cache": "no"}, "h2o.fixed_cache"),
+    ("streaming_llm", {"rerotate": "yes"}, "streaming_llm.rerotate"),
     ("snapkv", {"preset": "vllm"}, "kvcache_factory, snapkv, kvpress"),
     ("random", {"seed": -3}, "seed"),
     ("knorm", {"window": 3}, "valid: compression_ratio, budget_tokens, decode_evict"),
@@ -386,6 +387,43 @@ def test_fixed_cache_keeps_the_prompt_budget_while_decoding(tiny_model, tiny_ids
                 tok = tiny_model(input_ids=tok, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
         held[fixed] = cache.held_tokens()
     assert held[True] == [20, 20] and held[False] == [keep_count(59, 0.5, None)] * 2
+
+
+def test_streaming_llm_rerotate_moves_keys_to_their_cache_positions(tiny_model):
+    """The paper's code rotates keys by cache position: held key j must equal RoPE(k0, j + evicted so far)."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    rotary = tiny_model.model.rotary_emb
+    k0 = torch.randn(1, 2, 30, 16, generator=torch.Generator().manual_seed(0))  # pre-RoPE keys
+
+    def rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos, sin = rotary(x, positions[None])
+        return apply_rotary_pos_emb(x, x, cos, sin)[1]
+
+    strategy = strategies.build("streaming_llm", {"budget_tokens": 8, "sink_tokens": 2, "rerotate": True})
+    strategy.bind(RunContext(model=tiny_model))
+    store = strategy.new_layer(0, 1)
+    store.prefill(rope(k0[:, :, :24], torch.arange(24)), k0[:, :, :24].clone(), None)
+    for seen in range(24, 31):
+        kept = torch.tensor([0, 1, *range(seen - 6, seen)])  # sinks + window, original positions
+        expected = rope(k0[:, :, kept], torch.arange(8) + (seen - 8))
+        torch.testing.assert_close(store.inner.keys, expected, rtol=1e-5, atol=1e-5)
+        if seen < 30:
+            store.append(rope(k0[:, :, seen:seen + 1], torch.tensor([seen])), k0[:, :, seen:seen + 1].clone())
+    plain = strategies.build("streaming_llm", {"budget_tokens": 8, "sink_tokens": 2}).new_layer(0, 1)
+    plain.prefill(rope(k0[:, :, :24], torch.arange(24)), k0[:, :, :24].clone(), None)  # kvpress: no rotation
+    torch.testing.assert_close(plain.inner.keys, rope(k0[:, :, [0, 1, *range(18, 24)]],
+                                                      torch.tensor([0, 1, *range(18, 24)])))
+
+
+def test_streaming_llm_rerotate_needs_the_model_and_a_full_store():
+    store = strategies.build("streaming_llm", {"budget_tokens": 4, "rerotate": True}).new_layer(0, 1)
+    with pytest.raises(KVBenchError, match="bind"):
+        store.prefill(torch.randn(1, 2, 10, 16), torch.randn(1, 2, 10, 16), None)
+    cache_strategy = strategies.build("compose", {"evict": "streaming_llm", "quantize": "int8",
+                                                  "evict_params": {"rerotate": True}})
+    with pytest.raises(KVBenchError, match="rerotate"):
+        cache_strategy.new_layer(0, 1)
 
 
 def test_tova_protect_last_always_keeps_the_newest_token():
