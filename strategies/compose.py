@@ -28,6 +28,7 @@ from typing import Any
 import strategies
 from strategies._eviction import EvictionStrategy
 from strategies.base import LayerStore, RunContext, Strategy, require
+from strategies.full import FullStore
 
 QUANTIZER_FAMILIES = ("quantization", "baseline")
 
@@ -81,6 +82,10 @@ class Compose(Strategy):
             require(type(probe).select_tokens is not LayerStore.select_tokens,
                     f"compose: {self.evict} evicts while decoding, which needs a quantizer that can drop single "
                     f"tokens (select_tokens); {self.quantize} cannot — pick another quantizer or evict")
+        if getattr(evict, "rerotate", False):
+            require(isinstance(quant.new_layer(0, 1), FullStore),
+                    f"compose: {self.evict}.rerotate rotates full-precision keys; {self.quantize} stores them "
+                    "quantized — use quantize=full or rerotate=false")
         self.evict_params = _non_default(evict, self.evict_params)
         self.quantize_params = _non_default(quant, self.quantize_params)
         self.evictor, self.quantizer = evict, quant

@@ -420,10 +420,10 @@ def test_streaming_llm_rerotate_needs_the_model_and_a_full_store():
     store = strategies.build("streaming_llm", {"budget_tokens": 4, "rerotate": True}).new_layer(0, 1)
     with pytest.raises(KVBenchError, match="bind"):
         store.prefill(torch.randn(1, 2, 10, 16), torch.randn(1, 2, 10, 16), None)
-    cache_strategy = strategies.build("compose", {"evict": "streaming_llm", "quantize": "int8",
-                                                  "evict_params": {"rerotate": True}})
     with pytest.raises(KVBenchError, match="rerotate"):
-        cache_strategy.new_layer(0, 1)
+        strategies.build("compose", {"evict": "streaming_llm", "quantize": "int8", "evict_params": {"rerotate": True}})
+    assert strategies.build("compose", {"evict": "streaming_llm", "quantize": "full",
+                                        "evict_params": {"rerotate": True}}).new_layer(0, 1)
 
 
 def test_tova_protect_last_always_keeps_the_newest_token():
