@@ -1,7 +1,8 @@
 """Parity with the papers: for every eviction strategy, an independent implementation of the paper's scoring,
 written here from its equations (dense attention with K/V repeated per query head, no kvbench helpers), picks
 the kept tokens on small random tensors (GQA, two batch rows); kvbench's store must keep exactly that index set
-per (row, KV head). PyramidKV's per-layer budgets are checked against kvpress's schedule.
+per (row, KV head). PyramidKV's per-layer budgets are checked against kvpress's schedule; H2O's and TOVA's
+decode loops are replayed token by token on explicit held sets.
 
 A new eviction strategy is picked up automatically: the registry-wide test fails until ``REFERENCES`` has an
 entry for it (a function of the tensors and the strategy's parameters returning the kept indices).
@@ -42,7 +43,7 @@ def _causal_attention(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor
 
 def _per_kv_head(x: torch.Tensor) -> torch.Tensor:
     """Average the query heads that share a KV head: ``[B, Hq, ...]`` -> ``[B, Hkv, ...]`` (kvpress's GQA rule)."""
-    return x.reshape(B, HKV, GROUPS, *x.shape[2:]).mean(dim=2)
+    return x.reshape(x.shape[0], HKV, GROUPS, *x.shape[2:]).mean(dim=2)
 
 
 def _top(scores: torch.Tensor, k: int, offset: int = 0) -> list[set[int]]:
@@ -59,38 +60,42 @@ def _keep(n: int, ratio: float) -> int:
 
 def ref_snapkv(keys, values, queries, p, layer=0, layers=1, keep=None) -> Ref:
     """Li et al. 2024, Alg. 1: votes of the last ``w`` queries, pooled with kernel ``k``; window always kept."""
+    n = keys.shape[-2]
     w, kernel, pooling = p["window_size"], p["kernel_size"], p["pooling"]
-    keep = keep if keep is not None else _keep(N, p["compression_ratio"])
-    attn = _causal_attention(queries[..., -w:, :], keys)  # [B, Hq, w, N]
-    votes = attn[..., : N - w].sum(dim=-2)  # [B, Hq, N - w]
+    keep = keep if keep is not None else _keep(n, p["compression_ratio"])
+    attn = _causal_attention(queries[..., -w:, :], keys)  # [B, Hq, w, n]
+    votes = attn[..., : n - w].sum(dim=-2)  # [B, Hq, n - w]
     pool = {"max": F.max_pool1d, "avg": F.avg_pool1d}[pooling]
     pooled = pool(votes.reshape(B * HQ, 1, -1), kernel, stride=1, padding=kernel // 2).reshape(B, HQ, -1)
     scores = _per_kv_head(pooled)
     protected = min(w, keep)  # a budget below the window keeps the newest window tokens
-    window = set(range(N - protected, N))
+    window = set(range(n - protected, n))
     return [[s | window for s in _top(scores[b], keep - protected)] for b in range(B)], scores
 
 
 def ref_pyramidkv(keys, values, queries, p, layer=0, layers=1) -> Ref:
-    return ref_snapkv(keys, values, queries, p, keep=kvpress_pyramid_budget(N, p["compression_ratio"],
+    n = keys.shape[-2]
+    return ref_snapkv(keys, values, queries, p, keep=kvpress_pyramid_budget(n, p["compression_ratio"],
                                                                             p["window_size"], p["beta"], layer,
                                                                             layers))
 
 
 def ref_h2o(keys, values, queries, p, layer=0, layers=1) -> Ref:
     """Zhang et al. 2023: accumulated attention of every query (heavy hitters) plus the most recent tokens."""
-    keep = _keep(N, p["compression_ratio"])
+    n = keys.shape[-2]
+    keep = _keep(n, p["compression_ratio"])
     recent = round(p["recent_fraction"] * keep)
-    scores = _per_kv_head(_causal_attention(queries, keys).sum(dim=-2))  # [B, Hkv, N]
-    recent_set = set(range(N - recent, N))
-    return [[s | recent_set for s in _top(scores[b, :, : N - recent], keep - recent)] for b in range(B)], scores
+    scores = _per_kv_head(_causal_attention(queries, keys).sum(dim=-2))  # [B, Hkv, n]
+    recent_set = set(range(n - recent, n))
+    return [[s | recent_set for s in _top(scores[b, :, : n - recent], keep - recent)] for b in range(B)], scores
 
 
 def ref_tova(keys, values, queries, p, layer=0, layers=1) -> Ref:
     """Oren et al. 2024: the last query's attention averaged over all heads; one token set per layer."""
-    keep = _keep(N, p["compression_ratio"])
-    attn = _causal_attention(queries[..., -1:, :], keys)[..., 0, :]  # [B, Hq, N]
-    scores = attn.mean(dim=1, keepdim=True).expand(B, HKV, N)
+    n = keys.shape[-2]
+    keep = _keep(n, p["compression_ratio"])
+    attn = _causal_attention(queries[..., -1:, :], keys)[..., 0, :]  # [B, Hq, n]
+    scores = attn.mean(dim=1, keepdim=True).expand(B, HKV, n)
     if p.get("protect_last"):  # kvpress's TOVAPress: the newest token gets the highest score
         scores = torch.cat([scores[..., :-1], torch.full((B, HKV, 1), float("inf"))], dim=-1)
     return [_top(scores[b], keep) for b in range(B)], scores
@@ -98,21 +103,25 @@ def ref_tova(keys, values, queries, p, layer=0, layers=1) -> Ref:
 
 def ref_streaming_llm(keys, values, queries, p, layer=0, layers=1) -> Ref:
     """Xiao et al. 2023: the first ``sink_tokens`` and the most recent rest, on every head."""
-    keep = _keep(N, p["compression_ratio"])
-    kept = set(range(p["sink_tokens"])) | set(range(N - (keep - p["sink_tokens"]), N))
+    n = keys.shape[-2]
+    keep = _keep(n, p["compression_ratio"])
+    kept = set(range(p["sink_tokens"])) | set(range(n - (keep - p["sink_tokens"]), n))
     return [[set(kept) for _ in range(HKV)] for _ in range(B)], None
 
 
 def ref_knorm(keys, values, queries, p, layer=0, layers=1) -> Ref:
     """Devoto et al. 2024: the keys with the lowest L2 norm, per KV head."""
+    n = keys.shape[-2]
     scores = -torch.linalg.vector_norm(keys, dim=-1)
-    return [_top(scores[b], _keep(N, p["compression_ratio"])) for b in range(B)], scores
+    return [_top(scores[b], _keep(n, p["compression_ratio"])) for b in range(B)], scores
 
 
 def ref_random(keys, values, queries, p, layer=0, layers=1) -> Ref:
     """The control: a uniform draw per (layer, row, KV head) from the documented seed ``seed * 1000003 + layer``."""
-    scores = torch.rand(B, HKV, N, generator=torch.Generator().manual_seed(p["seed"] * 1_000_003 + layer))
-    return [_top(scores[b], _keep(N, p["compression_ratio"])) for b in range(B)], scores
+    n = keys.shape[-2]
+    n = keys.shape[-2]
+    scores = torch.rand(B, HKV, n, generator=torch.Generator().manual_seed(p["seed"] * 1_000_003 + layer))
+    return [_top(scores[b], _keep(n, p["compression_ratio"])) for b in range(B)], scores
 
 
 REFERENCES: dict[str, Callable[..., Ref]] = {
@@ -227,3 +236,66 @@ def test_pyramid_below_half_eviction_is_a_ramp_with_no_full_layer():
     budgets = [s.prefill_keep(4096, layer, 30) for layer in range(30)]
     assert (budgets[0], budgets[-1]) == (4064, 2080) and max(budgets) < 4096
     assert sum(budgets) == pytest.approx(0.75 * 4096 * 30, abs=30)
+
+
+# -- decoding: the strategies that evict at every step ----------------------------------------------------------
+def _decode_reference(name: str, p: dict, keys: torch.Tensor, queries: torch.Tensor, n: int) -> list[list[set]]:
+    """Replays the papers' decode loops token by token on explicit held sets (per row and KV head for H2O, per
+    row for TOVA): each new query attends over held + itself (softmax over that set only), H2O adds that
+    attention to the running sums, then the budget ``keep(seen)`` is enforced."""
+    total = keys.shape[-2]
+    out = []
+    for b in range(B):
+        if name == "h2o":
+            acc = _per_kv_head(_causal_attention(queries[b:b + 1, :, :n], keys[b:b + 1, :, :n]).sum(-2))[0]
+            sums = [dict(enumerate(acc[h].tolist())) for h in range(HKV)]
+        held = [set(s) for s in REFERENCES[name](keys[:, :, :n], None, queries[:, :, :n], p)[0][b]]
+        for t in range(n, total):
+            budget = _keep(t + 1, p["compression_ratio"])
+            for h in range(HKV):
+                held[h].add(t)
+            if name == "h2o":
+                for h in range(HKV):
+                    pos = sorted(held[h])
+                    q = queries[b, h * GROUPS:(h + 1) * GROUPS, t]  # [G, D]
+                    attn = (q @ keys[b, h, pos].T * SCALING).softmax(-1).mean(0)
+                    sums[h][t] = 0.0
+                    for i, j in enumerate(pos):
+                        sums[h][j] += attn[i].item()
+                    if len(pos) > budget:
+                        recent = round(p["recent_fraction"] * budget)
+                        rest = pos[: len(pos) - recent] if recent else pos
+                        heavy = sorted(rest, key=lambda j, h=h: -sums[h][j])[: budget - recent]
+                        held[h] = set(heavy) | set(pos[len(pos) - recent:])
+            else:
+                pos = sorted(held[0])
+                per_head = [(queries[b, qh, t] @ keys[b, qh // GROUPS, pos].T * SCALING).softmax(-1)
+                            for qh in range(HQ)]
+                score = torch.stack(per_head).mean(0)
+                if p.get("protect_last"):
+                    score[-1] = float("inf")
+                if len(pos) > budget:
+                    kept = {pos[i] for i in score.topk(budget).indices.tolist()}
+                    held = [set(kept) for _ in range(HKV)]
+        out.append(held)
+    return out
+
+
+@pytest.mark.parametrize("name,params", [("h2o", {}), ("h2o", {"recent_fraction": 0.25, "compression_ratio": 0.6}),
+                                         ("tova", {}), ("tova", {"protect_last": True, "compression_ratio": 0.7})])
+def test_decode_steps_keep_what_the_papers_keep(name, params):
+    keys, values, queries = _tensors(3)
+    n = 30  # prefix; the remaining 10 positions are decoded one at a time
+    strategy = strategies.build(name, params)
+    store = strategy.new_layer(0, 1)
+    window = strategy.query_window or n
+
+    def capture(lo: int, hi: int) -> LayerCapture:
+        return LayerCapture(layer_idx=0, num_kv_groups=GROUPS, scaling=SCALING, queries=queries[..., lo:hi, :],
+                            positions=torch.arange(lo, hi)[None])
+
+    store.prefill(keys[:, :, :n], values[:, :, :n], capture(n - window, n))
+    for t in range(n, N):
+        store.capture = capture(t, t + 1)
+        store.append(keys[:, :, t:t + 1], values[:, :, t:t + 1])
+    _assert_same_kept(_held_indices(store, keys), _decode_reference(name, strategy.params(), keys, queries, n), None)
