@@ -136,7 +136,7 @@ def attention_column_sums(queries: torch.Tensor, keys: torch.Tensor, scaling: fl
     k = keys.float()
     n, nq = k.shape[-2], queries.shape[-2]
     grouped = _grouped(queries, k.shape[1])
-    out = torch.zeros(*grouped.shape[:3], n)
+    out = torch.zeros(*grouped.shape[:3], n, device=k.device)  # on the keys' device: it meets probs below
     for start in range(0, nq, chunk):  # blocks of queries, each one batched matmul (not a loop over tokens)
         stop = min(start + chunk, nq)
         visible = n - nq + stop  # keys up to the block's last query position
@@ -215,6 +215,7 @@ class EvictingStore(LayerStore):
         self.policy = policy
         self.evict = policy.strategy
         self.seen = 0
+        self.prompt = 0  # tokens seen through the last multi-token forward (prefill, chunks, a question)
         self.decode_evicted = 0
         self._used: weakref.ref | None = None  # the last query tensor scored, to refuse stale captures
         # K/V of the last multi-token append, for compact(); single-token decode steps never keep them.
@@ -248,7 +249,7 @@ class EvictingStore(LayerStore):
     def prefill(self, keys: torch.Tensor, values: torch.Tensor, capture: LayerCapture | None) -> None:
         b, h, n, _ = keys.shape
         self.capture = capture
-        self.seen = n
+        self.seen = self.prompt = n
         keep = self.evict.prefill_keep(n, self.layer_idx, self.num_layers)
         scores = self.policy.prefill_scores(keys, values, self._queries(n - 1, 1), capture)
         index = self._choose(scores, (b, h, n), keep, keys.device)
@@ -259,9 +260,11 @@ class EvictingStore(LayerStore):
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n_new = keys.shape[-2]
         self.seen += n_new
+        if n_new > 1:
+            self.prompt = self.seen
         self._pending = None
         k_all, v_all = self.inner.append(keys, values)  # this step attends to held + new, as the mask expects
-        budget = self.evict.decode_budget(self.seen, self.layer_idx, self.num_layers)
+        budget = self.evict.decode_budget(self.seen, self.layer_idx, self.num_layers, self.prompt)
         if budget is None:
             if n_new > 1 and not isinstance(self.inner, FullStore):
                 self._pending = (k_all, v_all)
@@ -338,11 +341,17 @@ class EvictionStrategy(Strategy):
     def evicts_during_decode(self) -> bool:
         return False
 
-    def decode_budget(self, seen: int, layer_idx: int, num_layers: int) -> int | None:
-        """Most tokens held after a step, ``seen`` tokens in; ``None`` lets new tokens accumulate."""
+    def decode_budget(self, seen: int, layer_idx: int, num_layers: int, prompt: int | None = None) -> int | None:
+        """Most tokens held after a step, ``seen`` tokens in; ``None`` lets new tokens accumulate.
+
+        ``prompt`` is the number of tokens fed before decoding (through the last multi-token forward). With a
+        ratio the budget grows with ``seen`` (the held fraction stays ``1 - r``) unless the strategy has
+        ``fixed_cache = True``: then it stays at the prompt's budget, the papers' fixed-size cache (H2O, TOVA).
+        """
         if not self.evicts_during_decode():
             return None
-        return keep_count(seen, self.compression_ratio, self.budget_tokens)
+        fixed = getattr(self, "fixed_cache", False) and prompt is not None
+        return keep_count(prompt if fixed else seen, self.compression_ratio, self.budget_tokens)
 
     def policy(self, layer_idx: int, num_layers: int) -> EvictionPolicy:
         return EvictionPolicy(self, layer_idx, num_layers)

@@ -108,8 +108,15 @@ class Strategy(ABC):
 
     name: ClassVar[str]
     family: ClassVar[str]
-    #: How many of the last prefill queries per layer this strategy reads (0: none, None: all).
-    query_window: ClassVar[int | None] = 0
+
+    @property
+    def query_window(self) -> int | None:
+        """How many of the last prefill queries per layer this instance reads (0: none, None: all).
+
+        A property of the instance, derived from its parameters (SnapKV's ``window_size``, ``compose``'s
+        inner strategies), so two instances of one class never share or overwrite each other's window.
+        """
+        return 0
 
     def __post_init__(self) -> None:
         self.validate()

@@ -28,6 +28,7 @@ from typing import Any
 import strategies
 from strategies._eviction import EvictionStrategy
 from strategies.base import LayerStore, RunContext, Strategy, require
+from strategies.full import FullStore
 
 QUANTIZER_FAMILIES = ("quantization", "baseline")
 
@@ -45,8 +46,12 @@ def _params(value: Any, what: str) -> dict[str, Any]:
 def _non_default(built: Strategy, params: dict[str, Any]) -> dict[str, Any]:
     """``params`` without entries equal to the inner strategy's defaults, so equal configurations share a label
     (the YAML lists ``compression_ratio: null`` / ``budget_tokens: null`` only to make them overridable)."""
-    defaults = {f.name: f.default for f in dataclasses.fields(built)}  # type: ignore[arg-type]
-    return {k: v for k, v in params.items() if not (k in defaults and defaults[k] == v)}
+    # A value is a default if it equals the field's declared default or what a default instance resolves it to
+    # (SnapKV's window left None takes its preset's value in __post_init__).
+    declared = {f.name: f.default for f in dataclasses.fields(built)}  # type: ignore[arg-type]
+    resolved = type(built)().params()
+    return {k: v for k, v in params.items()
+            if not any(k in defaults and defaults[k] == v for defaults in (declared, resolved))}
 
 
 @dataclass
@@ -77,12 +82,19 @@ class Compose(Strategy):
             require(type(probe).select_tokens is not LayerStore.select_tokens,
                     f"compose: {self.evict} evicts while decoding, which needs a quantizer that can drop single "
                     f"tokens (select_tokens); {self.quantize} cannot — pick another quantizer or evict")
+        if getattr(evict, "rerotate", False):
+            require(isinstance(quant.new_layer(0, 1), FullStore),
+                    f"compose: {self.evict}.rerotate rotates full-precision keys; {self.quantize} stores them "
+                    "quantized — use quantize=full or rerotate=false")
         self.evict_params = _non_default(evict, self.evict_params)
         self.quantize_params = _non_default(quant, self.quantize_params)
         self.evictor, self.quantizer = evict, quant
+
+    @property
+    def query_window(self) -> int | None:
         # The engine captures the prefix queries either side reads (None = all of them).
-        windows = (evict.query_window, quant.query_window)
-        self.query_window = None if None in windows else max(windows)  # type: ignore[type-var]
+        windows = (self.evictor.query_window, self.quantizer.query_window)
+        return None if None in windows else max(windows)  # type: ignore[type-var]
 
     def bind(self, context: RunContext) -> None:
         super().bind(context)

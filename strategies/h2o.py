@@ -13,8 +13,11 @@ so the cache never exceeds the budget. The running sums (float32, one per held t
 part of what the strategy holds and count in ``kv_bytes``.
 
 ``recent_fraction`` of the budget goes to the most recent tokens (the paper splits heavy and recent
-budgets evenly). kvpress has no H2O press; its ``ObservedAttentionPress`` averages attention over the
-queries that see each key instead of summing, and compresses the prefill only.
+budgets evenly). With ``compression_ratio`` the budget follows the tokens seen so far (the held fraction
+stays ``1 - r``); the paper (and ``FMInference/H2O``'s ``heavy_ratio``/``recent_ratio`` of the prompt) fixes
+the cache size — ``fixed_cache = true`` keeps the prompt's budget for the whole generation
+(``budget_tokens`` is always a fixed size). kvpress has no H2O press; its ``ObservedAttentionPress``
+averages attention over the queries that see each key instead of summing, and compresses the prefill only.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from kvbench.errors import KVBenchError
-from strategies._eviction import EvictionPolicy, EvictionStrategy, attention_column_sums
+from strategies._eviction import EvictionPolicy, EvictionStrategy, attention_column_sums, require_bool
 from strategies.base import LayerCapture, require
 
 
@@ -70,14 +73,19 @@ class H2O(EvictionStrategy):
     """Heavy hitters by accumulated attention + recent window, at prefill and every decode step."""
 
     name = "h2o"
-    query_window = None
     recent_fraction: float = 0.5
+    fixed_cache: bool = False  # true: the prompt's budget for the whole generation (the paper's fixed size)
+
+    @property
+    def query_window(self) -> int | None:
+        return None  # the accumulated attention needs every prefix query
 
     def validate(self) -> None:
         super().validate()
         r = self.recent_fraction
         require(isinstance(r, (int, float)) and not isinstance(r, bool) and 0.0 <= r <= 1.0,
                 f"h2o.recent_fraction must be in [0, 1] (got {r!r})")
+        require_bool(self.fixed_cache, "h2o.fixed_cache")
 
     def evicts_during_decode(self) -> bool:
         return True

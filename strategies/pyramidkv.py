@@ -5,11 +5,17 @@ attention is spread widely in lower layers and concentrates on a few tokens in h
 layers get more of the cache and higher layers less. Tokens are chosen as in SnapKV (observation window,
 pooled scores, window always kept); only the per-layer budget changes.
 
-Budget schedule (the paper's): with a mean of ``m`` non-window tokens per layer, the top layer keeps
-``m / beta`` and layer 0 keeps ``2m - m / beta``, linearly in between, so the mean over layers is ``m``:
-the same total as SnapKV at the same ``compression_ratio`` / ``budget_tokens``. When the low layers'
-share would exceed the prefix, the excess is handed on to the next layers (the profile is shifted and
-clipped), so the mean budget holds exactly whenever the prefix allows it. Generated tokens accumulate.
+Budget schedule — kvpress's (``PyramidKVPress.get_layer_budget`` in NVIDIA/kvpress
+``kvpress/presses/pyramidkv_press.py``, which adapts KVCache-Factory ``pyramidkv/pyramidkv_utils.py``,
+``PyramidKVCluster.update_kv``). With ``n`` prefix tokens, a mean of ``m`` kept tokens per layer
+(``n * (1 - compression_ratio)``, or ``budget_tokens``) and window ``w``: the top layer keeps
+``m / beta`` and layer 0 keeps ``2m - m / beta``, linearly in between (``round``, Python's), so the mean is
+``m``. When layer 0 would exceed ``n - w``, it keeps ``n - w`` and the top layer ``2m - (n - w)``: below 50%
+eviction the ramp flattens but stays a ramp and no layer keeps all ``n`` tokens (4,096 tokens, ratio 0.25, 30
+layers, ``w = 32``: 4,064 down to 2,080, 75% kept). Where the ramp would break ``n >= max >= min >= w``
+(e.g. ``m / beta < w`` at strong eviction, or a single layer) every layer keeps ``round(m)``, SnapKV's
+budget — kvpress's fallback. KVCache-Factory instead keeps the uniform SnapKV budget whenever
+``n < 2 (m - w)`` (roughly: eviction below 50%) and uses integer steps; kvbench follows kvpress.
 
 Layers then hold different token counts, which transformers' single per-forward attention mask does not
 expect; ``bind`` installs a per-layer mask fit (:func:`strategies._eviction.fit_masks_to_layers`).
@@ -19,42 +25,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from strategies._eviction import fit_masks_to_layers, keep_count
+from strategies._eviction import fit_masks_to_layers
 from strategies.base import RunContext, require
 from strategies.snapkv import SnapKV
 
 
-def pyramid_budgets(total: int, cap: int, num_layers: int, beta: float) -> list[int]:
-    """Per-layer counts in ``[0, cap]``, decreasing with depth, summing to ``min(total, num_layers * cap)``."""
-    total = min(total, num_layers * cap)
-    mean = total / num_layers
-    low = mean / beta
-    high = 2 * mean - low
-    depth = torch.arange(num_layers, dtype=torch.float64) / max(num_layers - 1, 1)
-    profile = high - (high - low) * depth if num_layers > 1 else torch.full((1,), mean, dtype=torch.float64)
-    # Shift the profile until the clipped budgets sum to the total (the clipped sum grows with the shift).
-    lo, hi = -high - 1.0, float(cap) + 1.0
-    for _ in range(64):  # bisection on a scalar, not a loop over tokens
-        mid = (lo + hi) / 2
-        if profile.add(mid).clamp(0, cap).sum() < total:
-            lo = mid
-        else:
-            hi = mid
-    real = profile.add(hi).clamp(0, cap)
-    counts = real.floor()
-    # Largest remainders get the leftover tokens, so the integer counts sum exactly to the total.
-    leftover = int(round(total - float(counts.sum())))
-    if leftover > 0:
-        order = torch.argsort(real - counts, descending=True, stable=True)[:leftover]
-        counts[order] += 1
-    return [int(c) for c in counts.clamp(0, cap)]
+def pyramid_budgets(n: int, mean_keep: float, window: int, num_layers: int, beta: float) -> list[int]:
+    """Tokens each layer keeps out of ``n`` (window included), kvpress's schedule (see the module docstring)."""
+    low = mean_keep / beta
+    high = 2 * mean_keep - low
+    if high >= n - window:
+        high = n - window
+        low = 2 * mean_keep - high
+    if num_layers < 2 or not n >= high >= low >= window:
+        return [max(1, round(mean_keep))] * num_layers
+    step = (high - low) / (num_layers - 1)
+    return [round(high - layer * step) for layer in range(num_layers)]
 
 
 @dataclass
 class PyramidKV(SnapKV):
-    """SnapKV selection with a linearly decreasing per-layer budget of the same mean."""
+    """SnapKV selection with a linearly decreasing per-layer budget of the same mean (kvpress's schedule).
+
+    Window, kernel and pooling come from SnapKV's ``preset`` (see :class:`~strategies.snapkv.SnapKV`);
+    ``beta = 20`` in kvpress and KVCache-Factory alike.
+    """
 
     name = "pyramidkv"
     beta: float = 20.0
@@ -69,7 +64,8 @@ class PyramidKV(SnapKV):
         fit_masks_to_layers(context)
 
     def prefill_keep(self, n: int, layer_idx: int, num_layers: int) -> int:
-        mean_keep = keep_count(n, self.compression_ratio, self.budget_tokens)
-        window = min(self.window_size, mean_keep)
-        budgets = pyramid_budgets((mean_keep - window) * num_layers, n - window, num_layers, float(self.beta))
-        return window + budgets[layer_idx]
+        if n <= 0:
+            return 0
+        # kvpress's mean is the unrounded n * (1 - r); a token budget is a mean of budget_tokens.
+        mean = n * (1 - self.compression_ratio) if self.budget_tokens is None else min(n, self.budget_tokens)
+        return min(n, pyramid_budgets(n, mean, self.window_size, num_layers, float(self.beta))[layer_idx])

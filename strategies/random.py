@@ -29,7 +29,8 @@ class _RandomScores(EvictionPolicy):
 
     def prefill_scores(self, keys: torch.Tensor, values: torch.Tensor,
                        queries: torch.Tensor | None, capture: LayerCapture | None) -> torch.Tensor:
-        return torch.rand(keys.shape[:3], generator=self.generator)
+        # Drawn from the host generator, then moved: the same tokens on every device for a given seed.
+        return torch.rand(keys.shape[:3], generator=self.generator).to(keys.device)
 
 
 @dataclass

@@ -8,14 +8,29 @@ selected token come along (keeping whole phrases, not isolated tokens). The wind
 always kept; the rest of the budget goes to the top-scoring prefix tokens, per KV head.
 
 GQA: the pooled scores of the query heads sharing a KV head are averaged (see ``_eviction``). The prefill
-is compressed once; generated tokens then accumulate, as in the paper. kvpress's ``SnapKVPress`` differs in
-its defaults (window 64, kernel 5, average pooling) and averages over the window instead of summing,
-which ranks identically.
+is compressed once; generated tokens then accumulate, as in the paper. kvpress's ``SnapKVPress`` averages
+over the window instead of summing, which ranks identically; with equal parameters its kept index sets equal
+kvbench's on every layer.
+
+Presets — whose defaults a run carries, in one word (``strategy.preset=kvpress``):
+
+=================== ============ ============ ========= ==============================================
+preset              window_size  kernel_size  pooling   source
+=================== ============ ============ ========= ==============================================
+``kvcache_factory`` 32           7            max       KVCache-Factory's LongBench scripts (default)
+``snapkv``          32           5            avg       the SnapKV repository (FasterDecoding/SnapKV)
+``kvpress``         64           5            avg       NVIDIA/kvpress ``SnapKVPress``
+=================== ============ ============ ========= ==============================================
+
+Precedence: a value set explicitly (CLI, YAML, ``build`` parameters) wins; a field left ``null`` takes the
+preset's value. ``params()`` records the resolved values, not the preset name, so two configurations with
+the same effective parameters share one label.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +39,13 @@ from strategies._eviction import EvictionPolicy, EvictionStrategy, attention_pro
 from strategies.base import LayerCapture, require
 
 POOLINGS = ("max", "avg", "none")
+#: Observation-window defaults of each reference implementation (see the module docstring).
+PRESETS: dict[str, dict[str, object]] = {
+    "kvcache_factory": {"window_size": 32, "kernel_size": 7, "pooling": "max"},
+    "snapkv": {"window_size": 32, "kernel_size": 5, "pooling": "avg"},
+    "kvpress": {"window_size": 64, "kernel_size": 5, "pooling": "avg"},
+}
+DEFAULT_PRESET = "kvcache_factory"
 
 
 def pool_scores(scores: torch.Tensor, kernel_size: int, pooling: str) -> torch.Tensor:
@@ -61,17 +83,34 @@ class ObservationWindow(EvictionPolicy):
 
 @dataclass
 class SnapKV(EvictionStrategy):
-    """Observation-window attention, pooled, per KV head; window tokens always kept."""
+    """Observation-window attention, pooled, per KV head; window tokens always kept.
+
+    Defaults are KVCache-Factory's (``preset = "kvcache_factory"``: window 32, kernel 7, max pooling);
+    ``preset = "kvpress"`` (64, 5, avg) or ``"snapkv"`` (32, 5, avg) carry those references' defaults.
+    ``window_size``/``kernel_size``/``pooling`` left ``None`` come from the preset; set ones win.
+    """
 
     name = "snapkv"
-    query_window = 32
-    window_size: int = 32
-    kernel_size: int = 7
-    pooling: str = "max"
+    preset: str = DEFAULT_PRESET
+    window_size: int | None = None
+    kernel_size: int | None = None
+    pooling: str | None = None
 
     def __post_init__(self) -> None:
+        require(self.preset in PRESETS,
+                f"{self.name}.preset must be one of {', '.join(PRESETS)} (got {self.preset!r})")
+        for key, value in PRESETS[self.preset].items():
+            if getattr(self, key) is None:
+                setattr(self, key, value)
         super().__post_init__()
-        self.query_window = self.window_size  # the engine captures this many prefix queries
+
+    def params(self) -> dict[str, Any]:
+        # The preset is resolved into the fields above: record (and label) what actually runs.
+        return {k: v for k, v in super().params().items() if k != "preset"}
+
+    @property
+    def query_window(self) -> int | None:
+        return self.window_size  # the engine captures this many prefix queries
 
     def validate(self) -> None:
         super().validate()

@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -374,7 +374,6 @@ class Tiered(Strategy):
 
     name = "tiered"
     family = "tiered"
-    query_window: ClassVar[int | None] = 0  # set per instance: queries are read only to score heavy tokens
     sink_tokens: int = 4
     recent_tokens: int = 64
     hot_heavy_tokens: int = 0
@@ -386,9 +385,9 @@ class Tiered(Strategy):
     prefetch: bool = True
     drop_page_cache: bool = True
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.query_window = self.observation_window if self.hot_heavy_tokens else 0  # type: ignore[misc]
+    @property
+    def query_window(self) -> int | None:
+        return self.observation_window if self.hot_heavy_tokens else 0  # queries only score heavy tokens
 
     def validate(self) -> None:
         for key in ("sink_tokens", "recent_tokens", "hot_heavy_tokens"):

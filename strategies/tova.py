@@ -10,6 +10,12 @@ tokens and the lowest go, so the cache never exceeds the budget. The paper score
 averaged over all heads of a layer and keeps the same tokens on every head (``per_head = false``, the
 default, also kvpress's ``TOVAPress``); ``per_head = true`` averages only over the query heads of each
 KV head and lets heads keep different tokens.
+
+Differences from the references, each an option: TOVA's own code (``schwartz-lab-NLP/TOVA``) can evict the
+current token; kvpress's ``TOVAPress`` gives it the maximum score so it always stays (``protect_last = true``).
+With ``compression_ratio`` the budget follows the tokens seen so far (the held fraction stays ``1 - r``);
+the paper fixes the cache size — ``fixed_cache = true`` keeps the budget of the prompt for the whole
+generation (``budget_tokens`` is always a fixed size).
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ class _LastQueryAttention(EvictionPolicy):
     strategy: Tova
     needs_queries = True
 
+    def protected(self, keep: int) -> tuple[int, int]:
+        return 0, min(1, keep) if self.strategy.protect_last else 0
+
     def prefill_scores(self, keys: torch.Tensor, values: torch.Tensor,
                        queries: torch.Tensor | None, capture: LayerCapture | None) -> torch.Tensor:
         assert queries is not None and capture is not None
@@ -36,15 +45,24 @@ class _LastQueryAttention(EvictionPolicy):
 
 @dataclass
 class Tova(EvictionStrategy):
-    """Lowest attention from the current query leaves, at prefill and every decode step."""
+    """Lowest attention from the current query leaves, at prefill and every decode step.
+
+    Defaults follow the paper and TOVA's code; ``protect_last = true`` reproduces kvpress's ``TOVAPress``.
+    """
 
     name = "tova"
-    query_window = 1
     per_head: bool = False
+    protect_last: bool = False  # true: the newest token always stays (kvpress's TOVAPress)
+    fixed_cache: bool = False  # true: the prompt's budget for the whole generation (the paper's fixed size)
+
+    @property
+    def query_window(self) -> int | None:
+        return 1  # the last prefix query ranks the prefix
 
     def validate(self) -> None:
         super().validate()
-        require_bool(self.per_head, "tova.per_head")
+        for key in ("per_head", "protect_last", "fixed_cache"):
+            require_bool(getattr(self, key), f"tova.{key}")
 
     def evicts_during_decode(self) -> bool:
         return True

@@ -95,6 +95,10 @@ def test_keep_count_ratio_and_tokens():
     ("pyramidkv", {"beta": 0.5}, "beta"),
     ("h2o", {"recent_fraction": 1.5}, "recent_fraction"),
     ("tova", {"per_head": "yes"}, "true or false"),
+    ("tova", {"protect_last": 1}, "tova.protect_last"),
+    ("h2o", {"fixed_cache": "no"}, "h2o.fixed_cache"),
+    ("streaming_llm", {"rerotate": "yes"}, "streaming_llm.rerotate"),
+    ("snapkv", {"preset": "vllm"}, "kvcache_factory, snapkv, kvpress"),
     ("random", {"seed": -3}, "seed"),
     ("knorm", {"window": 3}, "valid: compression_ratio, budget_tokens, decode_evict"),
 ])
@@ -108,6 +112,25 @@ def test_budget_tokens_alone_disables_the_default_ratio():
     s = strategies.build("snapkv", {"budget_tokens": 16})
     assert s.compression_ratio is None and s.prefill_keep(100, 0, 1) == 16
     assert strategies.build("snapkv").compression_ratio == 0.5
+
+
+@pytest.mark.parametrize("name", strategies.available())
+def test_query_window_is_an_instance_property_never_stored(name):
+    """Issue 16: the window is derived per instance; building one never writes it on the instance or class."""
+    cls = strategies.strategy_class(name)
+    built = strategies.build(name)
+    assert "query_window" not in vars(built)
+    assert isinstance(cls.query_window, property)
+    window = built.query_window
+    assert window is None or (isinstance(window, int) and window >= 0)
+
+
+def test_query_window_follows_each_instance_parameters():
+    small, default = strategies.build("snapkv", {"window_size": 8}), strategies.build("snapkv")
+    assert (small.query_window, default.query_window) == (8, 32)
+    assert strategies.build("compose", {"evict_params": {"window_size": 8}}).query_window == 8
+    assert strategies.build("tiered", {"hot_heavy_tokens": 4, "observation_window": 8}).query_window == 8
+    assert strategies.build("snapkv").query_window == 32  # the earlier instances changed nothing shared
 
 
 # -- scoring helpers ----------------------------------------------------------------------------------------
@@ -310,14 +333,108 @@ def test_generate_with_an_attached_decode_evicting_cache(tiny_model, tiny_ids):
 
 # -- pyramid budgets -------------------------------------------------------------------------------------------
 def test_pyramid_budgets_keep_the_mean_and_shrink_with_depth():
-    b = pyramid_budgets(30 * 100, 1000, 30, 20.0)
-    assert sum(b) == 3000 and b == sorted(b, reverse=True) and b[0] > 150 and b[-1] == 5
-    clipped = pyramid_budgets(8 * 70, 90, 8, 20.0)  # layer 0 would want 136 > 90 tokens
-    assert sum(clipped) == 560 and max(clipped) == 90 and clipped == sorted(clipped, reverse=True)
-    assert pyramid_budgets(40, 100, 1, 20.0) == [40]
+    # kvpress's schedule (tests/test_parity_eviction.py checks it against the formula at many ratios/depths).
+    b = pyramid_budgets(1000, 100.0, 4, 30, 20.0)
+    assert abs(sum(b) - 3000) <= 15 and b == sorted(b, reverse=True) and b[0] == 195 and b[-1] == 5
+    capped = pyramid_budgets(100, 70.0, 8, 8, 20.0)  # layer 0 would want 136 > 100 - 8 tokens
+    assert capped[0] == 92 and capped[-1] == 48 and capped == sorted(capped, reverse=True)
+    assert pyramid_budgets(100, 40.0, 8, 1, 20.0) == [40]  # one layer: SnapKV's budget
+    assert pyramid_budgets(1000, 100.0, 8, 4, 20.0) == [100] * 4  # top layer below the window: uniform
     s = strategies.build("pyramidkv", {"compression_ratio": 0.5, "window_size": 8})
     keeps = [s.prefill_keep(1000, i, 12) for i in range(12)]
-    assert sum(keeps) == 12 * 500 and keeps[0] > keeps[-1] >= 8
+    assert abs(sum(keeps) - 12 * 500) <= 6 and keeps[0] > keeps[-1] >= 8
+
+
+def test_snapkv_presets_fill_only_what_the_user_left_unset():
+    assert strategies.build("snapkv").params() == strategies.build("snapkv", {"preset": "kvcache_factory"}).params()
+    kvpress = strategies.build("snapkv", {"preset": "kvpress"})
+    assert (kvpress.window_size, kvpress.kernel_size, kvpress.pooling) == (64, 5, "avg")
+    assert kvpress.query_window == 64
+    repo = strategies.build("pyramidkv", {"preset": "snapkv"})
+    assert (repo.window_size, repo.kernel_size, repo.pooling) == (32, 5, "avg")
+    mixed = strategies.build("snapkv", {"preset": "kvpress", "window_size": 16})  # explicit value wins
+    assert (mixed.window_size, mixed.kernel_size, mixed.pooling) == (16, 5, "avg")
+    # Labels record what runs: an explicit spelling of a preset's values is the same configuration.
+    spelled = strategies.build("snapkv", {"window_size": 64, "kernel_size": 5, "pooling": "avg"})
+    assert spelled.label() == kvpress.label() and "preset" not in kvpress.params()
+    with pytest.raises(KVBenchError, match="kvcache_factory, snapkv, kvpress"):
+        strategies.build("snapkv", {"preset": "vllm"})
+
+
+def test_preset_from_the_command_line_overrides_the_yaml():
+    """``strategy.preset=kvpress`` works through Hydra: the YAML leaves the preset-governed fields null."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    for name in ("snapkv", "pyramidkv"):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = OmegaConf.to_container(compose(name, overrides=["preset=kvpress"]), resolve=True)
+        cfg.pop("name")
+        built = strategies.build(name, cfg)
+        assert (built.window_size, built.kernel_size, built.pooling) == (64, 5, "avg")
+
+
+@pytest.mark.parametrize("name", ["h2o", "tova"])
+def test_fixed_cache_keeps_the_prompt_budget_while_decoding(tiny_model, tiny_ids, name):
+    """The papers' fixed-size cache: with a ratio the budget normally grows with every token seen."""
+    held = {}
+    for fixed in (False, True):
+        cache = KVBenchCache(strategies.build(name, {"compression_ratio": 0.5, "fixed_cache": fixed}),
+                             tiny_model.config)
+        tok = tiny_ids[:, :40]
+        with torch.inference_mode(), cache.attach(tiny_model):
+            for _ in range(20):
+                tok = tiny_model(input_ids=tok, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        held[fixed] = cache.held_tokens()
+    assert held[True] == [20, 20] and held[False] == [keep_count(59, 0.5, None)] * 2
+
+
+def test_streaming_llm_rerotate_moves_keys_to_their_cache_positions(tiny_model):
+    """The paper's code rotates keys by cache position: held key j must equal RoPE(k0, j + evicted so far)."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    rotary = tiny_model.model.rotary_emb
+    k0 = torch.randn(1, 2, 30, 16, generator=torch.Generator().manual_seed(0))  # pre-RoPE keys
+
+    def rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos, sin = rotary(x, positions[None])
+        return apply_rotary_pos_emb(x, x, cos, sin)[1]
+
+    strategy = strategies.build("streaming_llm", {"budget_tokens": 8, "sink_tokens": 2, "rerotate": True})
+    strategy.bind(RunContext(model=tiny_model))
+    store = strategy.new_layer(0, 1)
+    store.prefill(rope(k0[:, :, :24], torch.arange(24)), k0[:, :, :24].clone(), None)
+    for seen in range(24, 31):
+        kept = torch.tensor([0, 1, *range(seen - 6, seen)])  # sinks + window, original positions
+        expected = rope(k0[:, :, kept], torch.arange(8) + (seen - 8))
+        torch.testing.assert_close(store.inner.keys, expected, rtol=1e-5, atol=1e-5)
+        if seen < 30:
+            store.append(rope(k0[:, :, seen:seen + 1], torch.tensor([seen])), k0[:, :, seen:seen + 1].clone())
+    plain = strategies.build("streaming_llm", {"budget_tokens": 8, "sink_tokens": 2}).new_layer(0, 1)
+    plain.prefill(rope(k0[:, :, :24], torch.arange(24)), k0[:, :, :24].clone(), None)  # kvpress: no rotation
+    torch.testing.assert_close(plain.inner.keys, rope(k0[:, :, [0, 1, *range(18, 24)]],
+                                                      torch.tensor([0, 1, *range(18, 24)])))
+
+
+def test_streaming_llm_rerotate_needs_the_model_and_a_full_store():
+    store = strategies.build("streaming_llm", {"budget_tokens": 4, "rerotate": True}).new_layer(0, 1)
+    with pytest.raises(KVBenchError, match="bind"):
+        store.prefill(torch.randn(1, 2, 10, 16), torch.randn(1, 2, 10, 16), None)
+    with pytest.raises(KVBenchError, match="rerotate"):
+        strategies.build("compose", {"evict": "streaming_llm", "quantize": "int8", "evict_params": {"rerotate": True}})
+    assert strategies.build("compose", {"evict": "streaming_llm", "quantize": "full",
+                                        "evict_params": {"rerotate": True}}).new_layer(0, 1)
+
+
+def test_tova_protect_last_always_keeps_the_newest_token():
+    k = _tagged_keys(1, 2, 12, 8)
+    q = torch.zeros(1, 4, 1, 8)
+    q[..., 1] = 1.0
+    k[..., -1, 1] = -50.0  # the last token gets (almost) no attention: TOVA's own code would evict it
+    plain, kvpress = _store("tova", {"budget_tokens": 4}), _store("tova", {"budget_tokens": 4, "protect_last": True})
+    for store in (plain, kvpress):
+        store.prefill(k, k.clone(), _capture(q, 2))
+    assert 11 not in _kept(plain)[0, 0].tolist() and 11 in _kept(kvpress)[0, 0].tolist()
 
 
 # -- equivalence with a masked full cache -------------------------------------------------------------------

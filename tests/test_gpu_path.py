@@ -1,4 +1,7 @@
-"""The GPU path: what can be exercised on CPU runs everywhere; CUDA-only checks skip cleanly without a GPU."""
+"""The GPU path: what can be exercised on CPU runs everywhere; CUDA-only checks skip cleanly without a GPU.
+
+Every registered strategy runs on CUDA here; ``tests/test_device_placement.py`` runs the same strategies on a
+simulated device on CPU-only machines, so host/device mixing is caught without a GPU too."""
 
 from __future__ import annotations
 
@@ -12,6 +15,10 @@ from kvbench.config import conf_dir
 from kvbench.errors import KVBenchError
 from kvbench.hardware import HardwareProfile, check_available
 from kvbench.spec import PeakMemory, Timer
+from strategies.base import RunContext
+
+#: Parameters a strategy needs to fit the tiny model (head_dim 16); the rest run at their defaults.
+TINY_PARAMS: dict[str, dict] = {"quant_recompute": {"group_size": 16}}
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -40,12 +47,14 @@ def test_cpu_timer_and_peak_memory_do_not_touch_cuda(monkeypatch):
 
 @cuda
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["full", "int8", "int4", "snapkv", "streaming_llm"])
+@pytest.mark.parametrize("name", strategies.available())
 def test_strategies_run_on_cuda(tiny_model, tiny_ids, name):
     model = tiny_model.to("cuda", torch.bfloat16)
     ids = tiny_ids.cuda()
     try:
-        cache = KVBenchCache(strategies.build(name), model.config)
+        strategy = strategies.build(name, TINY_PARAMS.get(name))
+        strategy.bind(RunContext(model=model, prefix_ids=ids, device="cuda"))
+        cache = KVBenchCache(strategy, model.config)
         with torch.inference_mode(), cache.attach(model):
             out = model.generate(ids, max_new_tokens=8, do_sample=False, cache=cache)
         assert out.shape[1] == ids.shape[1] + 8
