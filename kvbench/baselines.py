@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvbench.results import _mkstemp, warn
+from kvbench.results import _mkstemp, _umask, warn
 
 if TYPE_CHECKING:
     from kvbench.engine import StrategyResult
@@ -74,6 +74,7 @@ def save_baseline(root: Path, key: str, result: StrategyResult) -> None:
     os.close(fd)
     try:
         save_file({_LOGP: result.logp.detach().to("cpu").contiguous()}, tmp, metadata=meta)
+        os.chmod(tmp, 0o666 & ~_umask())  # save_file recreates the file with mkstemp's 0600
         os.replace(tmp, baseline_path(root, key))
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -75,8 +75,11 @@ def _corpus_files(root: Path) -> list[Path]:
 # ------------------------------------------------------------------------------------------------ model
 
 
-def model_digest(lm: Any, source_dir: Path | None) -> str:
-    """Digest of the checkpoint directory the model was loaded from, or of the in-memory model."""
+def model_digest(lm: Any, source_dir: Path | None, hub_id: str | None = None) -> str:
+    """Digest of the checkpoint directory the model was loaded from (for a hub id, its local snapshot), or
+    of the in-memory model."""
+    if source_dir is None and hub_id:
+        source_dir = _hub_snapshot(hub_id)
     if source_dir is not None and source_dir.is_dir():
         return directory_digest(source_dir)
     h = hashlib.sha256(lm.model.config.to_json_string(use_diff=False).encode())
@@ -84,6 +87,15 @@ def model_digest(lm: Any, source_dir: Path | None) -> str:
         h.update(name.encode())
         h.update(tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def _hub_snapshot(hub_id: str) -> Path | None:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(hub_id, local_files_only=True))
+    except Exception:  # not cached, not a repo id, or no huggingface_hub: hash the loaded weights instead
+        return None
 
 
 def directory_digest(root: Path) -> str:
@@ -149,12 +161,16 @@ def hardware_fields(profile: Any) -> dict[str, Any]:
 
 
 def determinants(*, spec: str, task_name: str, task_cfg: dict[str, Any], task_inputs: dict[str, Any],
-                 model_name: str, model_path: str | None, model_digest: str, dtype: str, device: str,
+                 model_name: str, model_digest: str, dtype: str, device: str,
                  hardware: dict[str, Any], seed: int, prefill: str, chunk_tokens: int) -> dict[str, Any]:
     """Everything except the strategies that determines a sample's records (the baseline key hashes this)."""
+    # Where the inputs live is not what they are: paths are left out in favour of the content digests (the
+    # records keep the paths), so a moved file keeps its runs and an edited one gets new ones.
+    if task_inputs.get("digest"):
+        task_cfg = {k: v for k, v in task_cfg.items() if k not in ("path", "corpus")}
     out = {
         "spec": spec, "task": task_name, "task_config": task_cfg, "task_inputs": task_inputs,
-        "model": model_name, "model_path": model_path, "model_digest": model_digest, "dtype": dtype,
+        "model": model_name, "model_digest": model_digest, "dtype": dtype,
         "device": device, "hardware": hardware, "seed": seed, "prefill": prefill,
     }
     if chunk_tokens:

@@ -80,7 +80,8 @@ def clean_stale_tmp(directory: Path, older_than: float = STALE_TMP_SECONDS) -> l
     if not directory.is_dir():
         return removed
     now = time.time()
-    for p in directory.glob(f".*{TMP_SUFFIX}"):
+    # ".<name>.<random>.tmp" from atomic writes; "tmp<random>.tmp" from baseline writes of older versions.
+    for p in [*directory.glob(f".*{TMP_SUFFIX}"), *directory.glob(f"tmp*{TMP_SUFFIX}")]:
         try:
             if p.is_file() and now - p.stat().st_mtime > older_than:
                 p.unlink()

@@ -110,7 +110,6 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     """Execute one job and return its summary table."""
     from kvbench import identity
 
-    results_dir = _writable_results_dir(cfg.results_dir)
     profile, device = _hardware(cfg)
     if getattr(profile, "threads", None):
         torch.set_num_threads(int(profile.threads))
@@ -120,15 +119,20 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     samples = build_samples(cfg.task.name, cfg.task, lm.tokenizer, lm.max_context)
     for s in samples:
         check_lengths(s, lm.max_context)
+    # Checked after every input is validated, so bad input leaves results_dir untouched.
+    results_dir = _writable_results_dir(cfg.results_dir)
 
     task_cfg = OmegaConf.to_container(cfg.task, resolve=True)
     chunk_tokens = int(cfg.engine.chunk_tokens) if cfg.engine.prefill == "chunked" else 0
     hardware = identity.hardware_fields(profile)
     task_inputs = identity.task_digest(cfg.task.name, cfg.task)
-    model_digest = identity.model_digest(lm, lm.source_dir)
+    # The directory actually read (absolute), so two checkpoints never look alike in the store.
+    model_path = str(lm.source_dir.resolve()) if cfg.model.get("path") and lm.source_dir else cfg.model.get("path")
+    hub_id = None if lm.source_dir or cfg.model.name == "tiny-llama" else str(model_path or cfg.model.name)
+    model_digest = identity.model_digest(lm, lm.source_dir, hub_id)
     determinants = identity.determinants(
         spec=SPEC_VERSION, task_name=str(cfg.task.name), task_cfg=task_cfg, task_inputs=task_inputs,
-        model_name=str(cfg.model.name), model_path=cfg.model.get("path"), model_digest=model_digest, dtype=dtype,
+        model_name=str(cfg.model.name), model_digest=model_digest, dtype=dtype,
         device=device, hardware=hardware, seed=int(cfg.seed), prefill=str(cfg.engine.prefill),
         chunk_tokens=chunk_tokens)
     config_hash = identity.config_hash(determinants, strategies)
@@ -139,7 +143,8 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     _inside(store.dir, results_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     store.init(yaml.safe_dump(resolved, sort_keys=False), environment(),
-               identity={**determinants, "config_hash": config_hash,
+               identity={**determinants, "config_hash": config_hash, "model_path": model_path,
+                         "task_path": task_cfg.get("path") or task_cfg.get("corpus"),
                          "hardware_digest": stable_hash(hardware, 64),
                          "strategies": [[s.label(), s.params()] for s in strategies]})
 
@@ -150,7 +155,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         "run_id": run_id, "config_hash": config_hash, "model": cfg.model.name, "task": dataset,
         "task_type": str(cfg.task.name), "hardware": hw_name, "hardware_simulated": simulated, "device": device,
         "dtype": dtype, "seed": int(cfg.seed), "query_aware": bool(cfg.task.get("query_aware", False)),
-        "model_path": cfg.model.get("path"), "model_digest": model_digest,
+        "model_path": model_path, "model_digest": model_digest,
         "task_digest": task_inputs.get("digest"), "hardware_digest": stable_hash(hardware, 64),
     })
 

@@ -512,9 +512,11 @@ def load_directory(path: str | os.PathLike) -> list[Document]:
         if text.strip():
             docs.append(Document(doc_id=f"custom:{rel}", domain="custom", title=rel, text=text,
                                  source=str(file), licence="user-provided", form="prose"))
-    if binary:
-        warn(f"task.corpus: skipped {len(binary)} file(s) that are not UTF-8 text: {', '.join(binary[:5])}"
-             + (" ..." if len(binary) > 5 else ""))
+    skipped = f"{len(binary)} file(s) that are not UTF-8 text: {', '.join(binary[:5])}" + \
+        (" ..." if len(binary) > 5 else "")
     if not docs:
-        raise KVBenchError(f"task.corpus={str(path)!r} holds no non-empty UTF-8 .txt or .md files")
+        raise KVBenchError(f"task.corpus={str(path)!r} holds no non-empty UTF-8 .txt or .md files"
+                           + (f" (skipped {skipped})" if binary else ""))
+    if binary:
+        warn(f"task.corpus: skipped {skipped}")
     return docs
