@@ -505,7 +505,8 @@ def _duplicate_ids(tmp_path: Path) -> Path:
      "holds no config.json"),
     (lambda t, q: ["task=jsonl", f"task.path={q}", "task.max_new_tokens=0"],
      "task.max_new_tokens must be >= 1 (got 0)"),
-    (lambda t, q: ["task=custom", f"task.corpus={_binary_corpus(t)}"], "holds no non-empty UTF-8 .txt or .md files"),
+    (lambda t, q: ["task=custom", f"task.corpus={_binary_corpus(t)}"],
+     "holds no non-empty .txt or .md files of UTF-8 text"),
     (lambda t, q: ["task=jsonl", f"task.path={_duplicate_ids(t)}"], "duplicate ids: q1"),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(capsys, tmp_path, qa, make, expected):

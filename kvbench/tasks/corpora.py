@@ -515,7 +515,7 @@ def load_directory(path: str | os.PathLike) -> list[Document]:
     skipped = f"{len(binary)} file(s) that are not UTF-8 text: {', '.join(binary[:5])}" + \
         (" ..." if len(binary) > 5 else "")
     if not docs:
-        raise KVBenchError(f"task.corpus={str(path)!r} holds no non-empty UTF-8 .txt or .md files"
+        raise KVBenchError(f"task.corpus={str(path)!r} holds no non-empty .txt or .md files of UTF-8 text"
                            + (f" (skipped {skipped})" if binary else ""))
     if binary:
         warn(f"task.corpus: skipped {skipped}")
