@@ -371,10 +371,19 @@ class SampleClaims:
         self._done_at_start = self._complete()
 
     def _complete(self) -> set[str]:
+        """Samples whose records cover every strategy of the run (re-read only when the file changed)."""
+        try:
+            st = self.store.records_path.stat()
+            stamp: tuple[int, int] | None = (st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            stamp = None
+        if stamp is not None and stamp == getattr(self, "_stamp", None):
+            return self._complete_cache
         have: dict[str, set[str]] = {}
         for r in self.store.load_records(quiet=True):
             have.setdefault(str(r.get("sample_id")), set()).add(str(r.get("strategy")))
-        return {sid for sid, got in have.items() if self.labels <= got}
+        self._stamp, self._complete_cache = stamp, {sid for sid, got in have.items() if self.labels <= got}
+        return self._complete_cache
 
     def __len__(self) -> int:
         return len(self._done_at_start)
