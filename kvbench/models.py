@@ -107,12 +107,27 @@ def _conversion_ok(target: Path) -> bool:
     return safetensors_intact(weights)
 
 
+def _remove_dead_conversions(target: Path) -> None:
+    """Half-written ``<target>.tmp<pid>`` directories of conversions whose process is gone."""
+    for tmp in target.parent.glob(f"{target.name}.tmp*") if target.parent.is_dir() else []:
+        try:
+            pid = int(tmp.name.rsplit(".tmp", 1)[1])
+            os.kill(pid, 0)
+        except ValueError:
+            continue
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except PermissionError:
+            continue
+
+
 def converted_smollm2_dir() -> Path:
     """Dequantize the embedded GGUF once and keep it as safetensors; return the directory.
 
     A cached conversion that is incomplete (a killed conversion, a truncated file) is converted again.
     """
     target = cache_dir() / "models" / "smollm2-135m-instruct"
+    _remove_dead_conversions(target)
     if _conversion_ok(target):
         return target
     if target.exists():

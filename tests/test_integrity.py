@@ -449,6 +449,17 @@ def test_truncated_converted_model_is_detected(tmp_path, monkeypatch, capsys):
     assert "incomplete or corrupt" in capsys.readouterr().err
 
 
+def test_dead_conversion_leftovers_are_removed(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path))
+    target = tmp_path / "models" / "smollm2-135m-instruct"
+    dead = target.with_name(f"{target.name}.tmp{2 ** 22 + 12345}")  # above the default pid_max
+    live = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    for d in (dead, live):
+        d.mkdir(parents=True)
+    models._remove_dead_conversions(target)
+    assert not dead.exists() and live.exists()
+
+
 def test_files_respect_the_umask(capsys, tmp_path, qa):
     old = os.umask(0o027)
     try:
