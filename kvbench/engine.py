@@ -23,6 +23,8 @@ from typing import Any
 import torch
 
 from kvbench import SPEC_VERSION
+from kvbench.baselines import load_baseline as _load_baseline
+from kvbench.baselines import save_baseline as _save_baseline
 from kvbench.cache import KVBenchCache
 from kvbench.capture import QueryRecorder
 from kvbench.errors import KVBenchError
@@ -298,27 +300,3 @@ def run_samples(engine: Engine, samples: list[Sample], strategies: list[Strategy
         del pre
         if progress:
             progress()
-
-
-def _load_baseline(root: Path, key_fn: Callable[[Sample], str], sample: Sample) -> StrategyResult | None:
-    path = root / f"{key_fn(sample)}.pt"
-    if not path.exists():
-        return None
-    try:
-        blob = torch.load(path, weights_only=False)
-        rec = dict(blob["record"])
-        rec["baseline_reused"] = True
-        return StrategyResult(rec, blob["logp"].float())
-    except Exception:  # a torn or stale file is recomputed, never trusted
-        return None
-
-
-def _save_baseline(root: Path, key: str, result: StrategyResult) -> None:
-    import os
-    import tempfile
-
-    root.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=root, suffix=".tmp")
-    os.close(fd)
-    torch.save({"record": result.record, "logp": result.logp}, tmp)
-    os.replace(tmp, root / f"{key}.pt")

@@ -12,8 +12,10 @@ Three kinds of model are supported:
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ class LoadedModel:
     name: str
     model: Any
     tokenizer: Any
+    source_dir: Path | None = None  # the checkpoint directory the weights were read from (None: built in memory)
 
     @property
     def config(self) -> Any:
@@ -67,14 +70,76 @@ def embedded_gguf_dir() -> Path:
     return root
 
 
+CONVERSION_RECORD = ".kvbench-conversion.json"
+WEIGHTS = "model.safetensors"
+
+
+def safetensors_intact(path: Path) -> bool:
+    """A cheap structural check (no full read): the header parses and the data section fills the file exactly,
+    so a truncated or padded ``.safetensors`` file is caught."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            (header_len,) = struct.unpack("<Q", fh.read(8))
+            if header_len > size - 8:
+                return False
+            header = json.loads(fh.read(header_len))
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+        return 8 + header_len + max(ends, default=0) == size
+    except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error):
+        return False
+
+
+def _conversion_ok(target: Path) -> bool:
+    """The converted checkpoint is complete: the files exist, the weights file has the size recorded at
+    conversion (when recorded) and a structurally complete safetensors layout."""
+    weights = target / WEIGHTS
+    if not (weights.is_file() and (target / "tokenizer.json").is_file() and (target / "config.json").is_file()):
+        return False
+    try:
+        recorded = json.loads((target / CONVERSION_RECORD).read_text()).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        recorded = {}
+    for rel, size in recorded.items():
+        f = target / rel
+        if not f.is_file() or f.stat().st_size != size:
+            return False
+    return safetensors_intact(weights)
+
+
+def _remove_dead_conversions(target: Path) -> None:
+    """Half-written ``<target>.tmp<pid>`` directories of conversions whose process is gone."""
+    for tmp in target.parent.glob(f"{target.name}.tmp*") if target.parent.is_dir() else []:
+        try:
+            pid = int(tmp.name.rsplit(".tmp", 1)[1])
+            os.kill(pid, 0)
+        except ValueError:
+            continue
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except PermissionError:
+            continue
+
+
 def converted_smollm2_dir() -> Path:
-    """Dequantize the embedded GGUF once and keep it as safetensors; return the directory."""
+    """Dequantize the embedded GGUF once and keep it as safetensors; return the directory.
+
+    A cached conversion that is incomplete (a killed conversion, a truncated file) is converted again.
+    """
     target = cache_dir() / "models" / "smollm2-135m-instruct"
-    if (target / "model.safetensors").is_file() and (target / "tokenizer.json").is_file():
+    _remove_dead_conversions(target)
+    if _conversion_ok(target):
         return target
+    if target.exists():
+        from kvbench.results import warn
+
+        warn(f"{target} is incomplete or corrupt (truncated {WEIGHTS}?); converting the embedded model again")
+    try:
+        src = embedded_gguf_dir()
+    except KVBenchError as exc:
+        raise KVBenchError(f"{exc}; or delete {target} and rerun") from None
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    src = embedded_gguf_dir()
     tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=EMBEDDED_GGUF)
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
     # The weights are already dequantized; the GGUF quantizer only blocks serialisation.
@@ -86,9 +151,34 @@ def converted_smollm2_dir() -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    # Sizes recorded at conversion: a later truncation is detected without re-reading the weights.
+    sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+    (tmp / CONVERSION_RECORD).write_text(json.dumps({"source": EMBEDDED_GGUF, "files": sizes}, indent=2))
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
     return target
+
+
+def _checkpoint_dir(name: str, path: str | None) -> Path | None:
+    """The local directory ``model=local`` points at, checked for a transformers checkpoint; None for a hub id."""
+    if not path:
+        return None
+    where = Path(str(path)).expanduser()
+    if not where.exists() and not (where.is_absolute() or str(path).startswith((".", "~"))) \
+            and len(where.parts) <= 2:
+        return None  # a hub id such as org/model, loaded from the local hub cache
+    if not where.exists():
+        raise KVBenchError(f"model.path={path!r} does not exist; point it at a directory with a transformers "
+                           "checkpoint (config.json and weights)")
+    if not where.is_dir():
+        raise KVBenchError(f"model.path={path!r} is not a directory; point it at a transformers checkpoint directory")
+    if not (where / "config.json").is_file():
+        raise KVBenchError(f"model.path={path!r} holds no config.json; point it at a transformers checkpoint "
+                           "directory (config.json, tokenizer and *.safetensors weights)")
+    for weights in sorted(where.glob("*.safetensors")):
+        if not safetensors_intact(weights):
+            raise KVBenchError(f"{weights} is truncated or corrupt; restore it (or delete it and re-download)")
+    return where
 
 
 def tiny_llama(seed: int = 0, **overrides: Any) -> Any:
@@ -140,15 +230,20 @@ def load_model(name: str, dtype: str = "float32", device: str = "cpu", attn_impl
         return LoadedModel(name, model, ByteTokenizer())
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source: str | Path = converted_smollm2_dir() if name == "smollm2-135m" else (path or name)
+    if name == "smollm2-135m":
+        source: str | Path = converted_smollm2_dir()
+        source_dir: Path | None = source
+    else:
+        source_dir = _checkpoint_dir(name, path)
+        source = source_dir or name
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype,
                                                      attn_implementation=attn_implementation)
-    except OSError as exc:
+    except Exception as exc:  # OSError, ValueError, SafetensorError...: one line, never a traceback
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise KVBenchError(
             f"cannot load model {name!r} ({first}); valid: smollm2-135m, tiny-llama, or a local directory "
             "with a transformers checkpoint") from None
     model = model.to(device).eval()
-    return LoadedModel(name, model, tokenizer)
+    return LoadedModel(name, model, tokenizer, source_dir)

@@ -5,8 +5,14 @@
 ``results/store/<run-id>.parquet`` mirrors the run's records for reports; readers concatenate the
 directory and drop duplicate (run config, sample, strategy) keys, so stores from many machines merge.
 
-The run id is a hash of everything that determines the records, so re-running an identical config
-finds its directory and skips finished samples; a kill loses at most the sample in flight.
+The run id is ``<task slug>-<model slug>-<hash>``; the hash covers everything that determines the records
+(:mod:`kvbench.identity`), so re-running an identical config finds its directory and skips finished samples; a
+kill loses at most the sample in flight. Slugs keep only ``[A-Za-z0-9_-]``, so no config value can place a file
+outside ``results_dir`` (the real names stay in the records).
+
+Files are written with the user's umask (not ``mkstemp``'s 0600); temporary files left by a killed run
+(``.<name>.*.tmp``) are removed by the next run. Readers skip what they cannot parse (a non-UTF-8 or non-object
+line, an unreadable parquet file) with one warning naming the file and the count, and keep every good record.
 """
 
 from __future__ import annotations
@@ -16,9 +22,12 @@ import hashlib
 import json
 import os
 import platform
+import re
 import socket
 import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
@@ -35,9 +44,55 @@ def stable_hash(obj: Any, length: int = 12) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:length]
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+TMP_SUFFIX = ".tmp"
+# A temporary file this old cannot belong to a live writer (writes take seconds), so the next run removes it.
+STALE_TMP_SECONDS = 3600
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr (the run goes on)."""
+    print(f"kvbench: warning: {message}", file=sys.stderr)
+
+
+def slug(name: object, max_len: int = 40) -> str:
+    """``name`` reduced to ``[A-Za-z0-9_-]`` (never empty, never ``.``/``..``): safe as one path component."""
+    text = re.sub(r"[^A-Za-z0-9_-]+", "-", str(name)).strip("-_")[:max_len].strip("-_")
+    return text or "x"
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _mkstemp(path: Path) -> tuple[int, str]:
+    """``mkstemp`` beside ``path``, but with the permissions a plain ``open`` would give (mkstemp uses 0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+    os.fchmod(fd, 0o666 & ~_umask())
+    return fd, tmp
+
+
+def clean_stale_tmp(directory: Path, older_than: float = STALE_TMP_SECONDS) -> list[Path]:
+    """Remove ``.*.tmp`` files a killed writer left in ``directory`` (not recursive); returns what was removed."""
+    removed = []
+    if not directory.is_dir():
+        return removed
+    now = time.time()
+    # ".<name>.<random>.tmp" from atomic writes; "tmp<random>.tmp" from baseline writes of older versions.
+    for p in [*directory.glob(f".*{TMP_SUFFIX}"), *directory.glob(f"tmp*{TMP_SUFFIX}")]:
+        try:
+            if p.is_file() and now - p.stat().st_mtime > older_than:
+                p.unlink()
+                removed.append(p)
+        except OSError:
+            continue
+    return removed
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = _mkstemp(path)
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
@@ -50,8 +105,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def atomic_write_parquet(df: pd.DataFrame, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _mkstemp(path)
     os.close(fd)
     try:
         df.to_parquet(tmp, index=False)
@@ -92,15 +146,21 @@ class RunStore:
     """The files of one run; append-only records with crash-safe reads."""
 
     def __init__(self, results_dir: str | Path, run_id: str) -> None:
+        if slug(run_id, max_len=len(run_id)) != run_id:
+            raise ValueError(f"run id {run_id!r} is not path-safe (use kvbench.results.slug)")
         self.root = Path(results_dir)
         self.run_id = run_id
         self.dir = self.root / "runs" / run_id
         self.records_path = self.dir / "records.jsonl"
 
-    def init(self, config_yaml: str, env: dict[str, Any]) -> None:
+    def init(self, config_yaml: str, env: dict[str, Any], identity: dict[str, Any] | None = None) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        for d in (self.dir, self.root / "store", self.root / "baselines"):
+            clean_stale_tmp(d)
         atomic_write_text(self.dir / "config.yaml", config_yaml)
         atomic_write_text(self.dir / "environment.json", json.dumps(env, indent=2, sort_keys=True))
+        if identity is not None:
+            atomic_write_text(self.dir / "identity.json", json.dumps(identity, indent=2, sort_keys=True))
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -113,26 +173,46 @@ class RunStore:
         finally:
             os.close(fd)
 
-    def load_records(self) -> list[dict[str, Any]]:
-        """All complete records, one per (config, sample, strategy) (the last written wins); a torn last
-        line from a killed run is ignored."""
+    def load_records(self, quiet: bool = False) -> list[dict[str, Any]]:
+        """All complete records, one per (config, sample, strategy).
+
+        The last written wins, except that a record whose timings were measured while another kvbench
+        worker competed for the machine (``timing_contended``) never replaces a clean one. A torn last line
+        from a killed run is ignored silently; any other unreadable line (not UTF-8, not JSON, not an
+        object) is skipped with one warning naming the file and the count.
+        """
         if not self.records_path.exists():
             return []
         out: dict[tuple, dict[str, Any]] = {}
-        with self.records_path.open() as fh:
-            for line in fh:
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                out[tuple(rec.get(k) for k in RECORD_KEY)] = rec
+        bad = kept_clean = 0
+        data = self.records_path.read_bytes()
+        lines = data.split(b"\n")
+        torn = lines.pop()  # b"" when the file ends with a newline; else a torn write in progress or killed
+        # A torn last line (a killed writer) is ignored silently; one that parses is a good record.
+        tail = _parse_record(torn) if torn.strip() else None
+        for raw in lines + ([torn] if tail is not None else []):
+            rec = _parse_record(raw)
+            if rec is None:
+                bad += raw.strip() != b""
+                continue
+            key = tuple(_hashable(rec.get(k)) for k in RECORD_KEY)
+            old = out.get(key)
+            if old is not None and rec.get("timing_contended") and not old.get("timing_contended"):
+                kept_clean += 1
+                continue
+            out[key] = rec
+        if not quiet and bad:
+            warn(f"skipped {bad} unreadable line(s) in {self.records_path} (not UTF-8 JSON objects); "
+                 f"kept {len(out)} record(s)")
+        if not quiet and kept_clean:
+            warn(f"{self.records_path}: kept {kept_clean} clean record(s) over later ones timed under contention")
         return list(out.values())
 
     def append(self, records: Iterable[dict[str, Any]]) -> None:
         """Append records with one write and an fsync, so a sample's records land together or not at all."""
         blob = "".join(json.dumps(r, sort_keys=True, default=_json_default) + "\n" for r in records)
         with self._locked():
-            fd = os.open(self.records_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(self.records_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
             try:
                 _truncate_torn_tail(fd)
                 os.write(fd, blob.encode())
@@ -164,6 +244,18 @@ def _truncate_torn_tail(fd: int) -> None:
     os.ftruncate(fd, 0)
 
 
+def _parse_record(raw: bytes) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def _hashable(value: Any) -> Any:
+    return json.dumps(value, sort_keys=True, default=str) if isinstance(value, (dict, list)) else value
+
+
 def _json_default(obj: Any) -> Any:
     if hasattr(obj, "item"):
         return obj.item()
@@ -183,7 +275,188 @@ def read_store(results_dir: str | Path) -> pd.DataFrame:
     """Every record in ``results_dir/store``, de-duplicated by (config, sample, strategy)."""
     store = Path(results_dir) / "store"
     files = sorted(store.glob("*.parquet")) if store.is_dir() else []
-    if not files:
+    frames, bad = [], []
+    for f in files:
+        try:
+            frames.append(pd.read_parquet(f))
+        except Exception:  # pyarrow raises several types for truncated or foreign bytes
+            bad.append(f.name)
+    if bad:
+        warn(f"skipped {len(bad)} unreadable parquet file(s) in {store}: {', '.join(bad)}")
+    frames = [f for f in frames if not f.empty]
+    if not frames:
         return pd.DataFrame()
-    df = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    df = pd.concat(frames, ignore_index=True)
+    missing = [k for k in RECORD_KEY if k not in df.columns]
+    if missing:
+        return df.reset_index(drop=True)
     return df.drop_duplicates(subset=RECORD_KEY, keep="last").reset_index(drop=True)
+
+
+# ------------------------------------------------------------------------------------------ concurrent workers
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _owner() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+
+
+def _owner_alive(path: Path) -> bool | None:
+    """True/False for a claim or worker file of a live/dead process on this host; None when unreadable or missing.
+    A file written by another host counts as alive (its process cannot be checked from here)."""
+    try:
+        owner = json.loads(path.read_text())
+        host, pid = owner["host"], int(owner["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if host != socket.gethostname():
+        return True
+    return _pid_alive(pid)
+
+
+class ActiveWorker:
+    """Registers this process in ``results_dir/.workers`` while it measures, so every worker can tell whether
+    another kvbench worker was competing for the machine when it timed a sample."""
+
+    def __init__(self, results_dir: str | Path) -> None:
+        self.dir = Path(results_dir) / ".workers"
+        self.path = self.dir / f"{slug(socket.gethostname())}-{os.getpid()}.json"
+
+    def __enter__(self) -> ActiveWorker:
+        atomic_write_text(self.path, json.dumps(_owner()))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def others(self) -> int:
+        """Live kvbench workers other than this one (files of dead ones are removed)."""
+        n = 0
+        for p in self.dir.glob("*.json") if self.dir.is_dir() else []:
+            if p == self.path:
+                continue
+            alive = _owner_alive(p)
+            if alive is False:
+                p.unlink(missing_ok=True)
+            n += bool(alive)
+        return n
+
+
+class SampleClaims:
+    """The samples still to compute in one run, claimed one at a time so concurrent workers split them.
+
+    ``sample_id in claims`` is what the engine asks before computing a sample: True (skip it) when the sample's
+    records are complete or another live worker holds its claim; otherwise this worker takes the claim
+    (a file created with ``O_EXCL``; a claim of a dead process on this host is taken over) and gets False.
+    :meth:`write` appends a sample's records, flags their timings ``timing_contended`` when another worker ran
+    meanwhile, and releases the claim.
+    """
+
+    def __init__(self, store: RunStore, labels: set[str], worker: ActiveWorker | None = None) -> None:
+        self.store, self.labels, self.worker = store, labels, worker
+        self.dir = store.dir / ".claims"
+        self.held: dict[str, Path] = {}
+        self.contended_at_claim: dict[str, int] = {}
+        self.elsewhere: set[str] = set()
+        self.contended = 0
+        self._done_at_start = self._complete()
+
+    def _complete(self) -> set[str]:
+        """Samples whose records cover every strategy of the run (re-read only when the file changed)."""
+        try:
+            st = self.store.records_path.stat()
+            stamp: tuple[int, int] | None = (st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            stamp = None
+        if stamp is not None and stamp == getattr(self, "_stamp", None):
+            return self._complete_cache
+        have: dict[str, set[str]] = {}
+        for r in self.store.load_records(quiet=True):
+            have.setdefault(str(r.get("sample_id")), set()).add(str(r.get("strategy")))
+        self._stamp, self._complete_cache = stamp, {sid for sid, got in have.items() if self.labels <= got}
+        return self._complete_cache
+
+    def __len__(self) -> int:
+        return len(self._done_at_start)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._done_at_start)
+
+    def _path(self, sample_id: str) -> Path:
+        return self.dir / f"{slug(sample_id)}-{stable_hash(sample_id, 10)}.claim"
+
+    def __contains__(self, sample_id: object) -> bool:
+        sid = str(sample_id)
+        if sid in self.held:
+            return False
+        if sid in self._done_at_start:
+            return True
+        path = self._path(sid)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                if _owner_alive(path) is False:
+                    path.unlink(missing_ok=True)  # a dead worker's claim: take it over
+                    continue
+                self.elsewhere.add(sid)
+                return True
+            with os.fdopen(fd, "w") as fh:
+                fh.write(json.dumps(_owner()))
+            break
+        else:
+            self.elsewhere.add(sid)
+            return True
+        # Another worker may have finished the sample between our start and this claim.
+        if sid in self._complete():
+            path.unlink(missing_ok=True)
+            return True
+        self.held[sid] = path
+        self.contended_at_claim[sid] = self.worker.others() if self.worker else 0
+        return False
+
+    def write(self, records: list[dict[str, Any]]) -> None:
+        ids = {str(r.get("sample_id")) for r in records}
+        now = self.worker.others() if self.worker else 0
+        for r in records:
+            others = max(now, self.contended_at_claim.get(str(r.get("sample_id")), 0))
+            r["timing_contended"] = others > 0
+            r["concurrent_workers"] = others
+        self.contended += sum(max(now, self.contended_at_claim.get(s, 0)) > 0 for s in ids)
+        self.store.append(records)
+        for sid in ids:
+            self.elsewhere.discard(sid)
+            path = self.held.pop(sid, None)
+            if path is not None:
+                path.unlink(missing_ok=True)
+
+    def store_view(self) -> Any:
+        """The run's :class:`RunStore` with ``append`` going through :meth:`write`."""
+        return _ClaimingStore(self)
+
+    def release(self) -> None:
+        """Drop claims this worker still holds (an interrupted run), so others need not wait for a pid check."""
+        for path in self.held.values():
+            path.unlink(missing_ok=True)
+        self.held.clear()
+
+
+class _ClaimingStore:
+    def __init__(self, claims: SampleClaims) -> None:
+        self._claims = claims
+
+    def append(self, records: Iterable[dict[str, Any]]) -> None:
+        self._claims.write(list(records))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._claims.store, name)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from kvbench.engine import Engine, check_lengths, run_samples
 from kvbench.errors import KVBenchError
 from kvbench.models import load_model
 from kvbench.report import print_table, summarize
-from kvbench.results import RunStore, environment, stable_hash
+from kvbench.results import ActiveWorker, RunStore, SampleClaims, environment, slug, stable_hash, warn
 from kvbench.tasks.base import Sample, build_samples
 from strategies.base import Strategy
 
@@ -72,8 +74,42 @@ def _hardware(cfg: DictConfig) -> tuple[Any, str]:
     return profile, check_available(profile)
 
 
+def _writable_results_dir(value: Any) -> Path:
+    """``results_dir``, created if needed and proven writable before anything is measured."""
+    root = Path(str(value)).expanduser()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=root, prefix=".kvbench-write-probe.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise KVBenchError(f"results_dir={str(value)!r} is not writable ({exc.strerror or type(exc).__name__}); "
+                           "choose a writable directory with results_dir=<dir>") from None
+    return root
+
+
+def _inside(path: Path, root: Path) -> Path:
+    """``path`` if it resolves inside ``root``; run ids are slugs, so this only guards against future edits."""
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise KVBenchError(f"refusing to write {path}: it is outside results_dir={root}")
+    return path
+
+
+def dataset_name(task_cfg: Any) -> str:
+    """The name records carry as ``task``: the task's name, or for ``task=jsonl`` its ``dataset_name``
+    (default: the file's stem), so two JSON Lines datasets never pool into one task."""
+    name = str(task_cfg.name)
+    if name == "jsonl":
+        given = task_cfg.get("dataset_name", None)
+        path = task_cfg.get("path", None)
+        return str(given) if given else (Path(str(path)).stem if path else name)
+    return name
+
+
 def run(cfg: DictConfig) -> pd.DataFrame:
     """Execute one job and return its summary table."""
+    from kvbench import identity
+
     profile, device = _hardware(cfg)
     if getattr(profile, "threads", None):
         torch.set_num_threads(int(profile.threads))
@@ -83,46 +119,71 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     samples = build_samples(cfg.task.name, cfg.task, lm.tokenizer, lm.max_context)
     for s in samples:
         check_lengths(s, lm.max_context)
+    # Checked after every input is validated, so bad input leaves results_dir untouched.
+    results_dir = _writable_results_dir(cfg.results_dir)
 
     task_cfg = OmegaConf.to_container(cfg.task, resolve=True)
-    determinants = {
-        "spec": SPEC_VERSION, "model": cfg.model.name, "model_path": cfg.model.get("path"), "dtype": dtype,
-        "device": device, "task": task_cfg, "seed": cfg.seed, "prefill": cfg.engine.prefill,
-    }
     chunk_tokens = int(cfg.engine.chunk_tokens) if cfg.engine.prefill == "chunked" else 0
-    if chunk_tokens:
-        determinants["chunk_tokens"] = chunk_tokens
-    config_hash = stable_hash({**determinants, "strategies": [s.label() for s in strategies]})
-    run_id = f"{cfg.task.name}-{cfg.model.name}-{config_hash}"
-    store = RunStore(cfg.results_dir, run_id)
+    hardware = identity.hardware_fields(profile)
+    task_inputs = identity.task_digest(cfg.task.name, cfg.task)
+    # The directory actually read (absolute), so two checkpoints never look alike in the store.
+    model_path = str(lm.source_dir.resolve()) if cfg.model.get("path") and lm.source_dir else cfg.model.get("path")
+    hub_id = None if lm.source_dir or cfg.model.name == "tiny-llama" else str(model_path or cfg.model.name)
+    model_digest = identity.model_digest(lm, lm.source_dir, hub_id)
+    determinants = identity.determinants(
+        spec=SPEC_VERSION, task_name=str(cfg.task.name), task_cfg=task_cfg, task_inputs=task_inputs,
+        model_name=str(cfg.model.name), model_digest=model_digest, dtype=dtype,
+        device=device, hardware=hardware, seed=int(cfg.seed), prefill=str(cfg.engine.prefill),
+        chunk_tokens=chunk_tokens)
+    config_hash = identity.config_hash(determinants, strategies)
+    dataset = dataset_name(cfg.task)
+    # Slugs + hash: no config value can steer a path; the real names stay in the records.
+    run_id = f"{slug(dataset)}-{slug(cfg.model.name)}-{config_hash}"
+    store = RunStore(results_dir, run_id)
+    _inside(store.dir, results_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    store.init(yaml.safe_dump(resolved, sort_keys=False), environment())
+    store.init(yaml.safe_dump(resolved, sort_keys=False), environment(),
+               identity={**determinants, "config_hash": config_hash, "model_path": model_path,
+                         "task_path": task_cfg.get("path") or task_cfg.get("corpus"),
+                         "hardware_digest": stable_hash(hardware, 64),
+                         "strategies": [[s.label(), s.params()] for s in strategies]})
 
     labels = {s.label() for s in strategies}
-    by_sample: dict[str, set[str]] = {}
-    for r in store.load_records():
-        by_sample.setdefault(r["sample_id"], set()).add(r["strategy"])
-    done = {sid for sid, have in by_sample.items() if labels <= have}
-
     hw_name = getattr(profile, "name", str(cfg.hardware.get("name")))
     simulated = bool(getattr(profile, "simulate", False)) and device != getattr(profile, "device", device)
     engine = Engine(lm, device=device, hardware=profile, run_fields={
-        "run_id": run_id, "config_hash": config_hash, "model": cfg.model.name, "task": cfg.task.name,
-        "hardware": hw_name, "hardware_simulated": simulated, "device": device, "dtype": dtype,
-        "seed": int(cfg.seed), "query_aware": bool(cfg.task.get("query_aware", False)),
+        "run_id": run_id, "config_hash": config_hash, "model": cfg.model.name, "task": dataset,
+        "task_type": str(cfg.task.name), "hardware": hw_name, "hardware_simulated": simulated, "device": device,
+        "dtype": dtype, "seed": int(cfg.seed), "query_aware": bool(cfg.task.get("query_aware", False)),
+        "model_path": model_path, "model_digest": model_digest,
+        "task_digest": task_inputs.get("digest"), "hardware_digest": stable_hash(hardware, 64),
     })
-    if cfg.engine.warmup and len(done) < len(samples):
-        engine.warmup()
 
     def baseline_key(sample: Sample) -> str:
         return stable_hash({**determinants, "sample": sample.sample_id})
 
-    baseline_dir = Path(cfg.results_dir) / "baselines" if cfg.engine.reuse_baseline else None
-    _run_with_progress(engine, samples, strategies, done, store, baseline_dir, baseline_key,
-                       bool(cfg.engine.progress), chunk_tokens)
+    baseline_dir = _inside(results_dir / "baselines", results_dir) if cfg.engine.reuse_baseline else None
+    with ActiveWorker(results_dir) as worker:
+        claims = SampleClaims(store, labels, worker)
+        if cfg.engine.warmup and len(claims) < len(samples):
+            engine.warmup()
+        try:
+            # `claims` is the done-set (asked per sample, just before computing it) and `claims.store` appends
+            # through the claims, so concurrent workers split the samples.
+            _run_with_progress(engine, samples, strategies, claims, claims.store_view(), baseline_dir,
+                               baseline_key, bool(cfg.engine.progress), chunk_tokens)
+        finally:
+            claims.release()
+    if claims.contended:
+        warn(f"{claims.contended} sample(s) were timed while another kvbench worker ran; their records say "
+             "timing_contended=true (rerun them alone for clean latency)")
 
-    records = pd.DataFrame([r for r in store.load_records() if r["strategy"] in labels])
-    summary = summarize(records)
+    records = store.load_records()
+    complete = {r["sample_id"] for r in records if r.get("strategy") in labels}
+    pending = claims.elsewhere - complete
+    if pending:
+        warn(f"{len(pending)} sample(s) are still being computed by another worker; rerun to include them")
+    summary = summarize(pd.DataFrame([r for r in records if r.get("strategy") in labels]))
     store.write_outputs(summary)
     print_table(summary)
     print(f"results: {store.dir}")

@@ -55,7 +55,7 @@ def _job_overrides(results: Path) -> list[str]:
 def _snapshot(results: Path) -> dict[str, tuple[int, int]]:
     """(size, mtime_ns) of every measurement file (records and stored baselines), to prove a re-run
     measured nothing. (config.yaml, environment.json and the summary are rewritten by every run.)"""
-    files = [*(results / "runs").glob("*/records.jsonl"), *(results / "baselines").glob("*.pt")]
+    files = [*(results / "runs").glob("*/records.jsonl"), *(results / "baselines").glob("*.safetensors")]
     return {str(p.relative_to(results)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(files)}
 
 

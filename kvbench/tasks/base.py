@@ -38,6 +38,8 @@ class Sample:
             raise KVBenchError(f"unknown metric {self.metric!r}; valid: {', '.join(METRICS)}")
         if not self.query_ids:
             raise KVBenchError(f"sample {self.sample_id}: query_ids must not be empty")
+        if self.max_new_tokens < 1:
+            raise KVBenchError(f"sample {self.sample_id}: max_new_tokens must be >= 1 (got {self.max_new_tokens})")
 
     @property
     def context_tokens(self) -> int:
@@ -70,6 +72,10 @@ def build_samples(name: str, cfg: Any, tokenizer: Any, max_context: int) -> list
     n = int(cfg.get("n_samples", 1))
     if n < 1:
         raise KVBenchError(f"task.n_samples must be >= 1 (got {n})")
+    max_new = cfg.get("max_new_tokens", None)
+    if max_new is not None and int(max_new) < 1:
+        # 0 would decode nothing and score every strategy on an empty answer.
+        raise KVBenchError(f"task.max_new_tokens must be >= 1 (got {max_new})")
     ctx = int(cfg.get("context_tokens", 0))
     if max_context and ctx > max_context:
         raise KVBenchError(f"task.context_tokens={ctx} exceeds the model's maximum context of {max_context}")

@@ -484,18 +484,39 @@ def manifest(domain: str) -> dict:
     return json.loads((corpora_dir() / domain / "manifest.json").read_text(encoding="utf-8"))
 
 
+CORPUS_SUFFIXES = (".txt", ".md")
+
+
 def load_directory(path: str | os.PathLike) -> list[Document]:
-    """A user's own corpus: every ``.txt``/``.md`` file under ``path`` (recursively), sorted by path."""
+    """A user's own corpus: every ``.txt``/``.md`` file under ``path`` (recursively), sorted by path.
+
+    A file that is not UTF-8 text (a NUL byte, or bytes that do not decode) is skipped with one warning naming
+    it: benchmarking on replacement characters would measure nothing the user meant.
+    """
+    from kvbench.results import warn
+
     root = Path(path).expanduser()
     if not root.is_dir():
         raise KVBenchError(f"task.corpus={str(path)!r} is not a directory; point it at a folder of .txt/.md files")
-    docs = []
-    for file in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in (".txt", ".md")):
-        text = _normalise_newlines(file.read_bytes().decode("utf-8", errors="replace"))
+    docs, binary = [], []
+    for file in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in CORPUS_SUFFIXES):
+        rel = file.relative_to(root).as_posix()
+        data = file.read_bytes()
+        try:
+            text = _normalise_newlines(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            text = None
+        if text is None or "\x00" in text:
+            binary.append(rel)
+            continue
         if text.strip():
-            rel = file.relative_to(root).as_posix()
             docs.append(Document(doc_id=f"custom:{rel}", domain="custom", title=rel, text=text,
                                  source=str(file), licence="user-provided", form="prose"))
+    skipped = f"{len(binary)} file(s) that are not UTF-8 text: {', '.join(binary[:5])}" + \
+        (" ..." if len(binary) > 5 else "")
     if not docs:
-        raise KVBenchError(f"task.corpus={str(path)!r} holds no non-empty .txt or .md files")
+        raise KVBenchError(f"task.corpus={str(path)!r} holds no non-empty .txt or .md files of UTF-8 text"
+                           + (f" (skipped {skipped})" if binary else ""))
+    if binary:
+        warn(f"task.corpus: skipped {skipped}")
     return docs

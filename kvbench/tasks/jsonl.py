@@ -1,7 +1,9 @@
 """``jsonl``: LongBench/RULER-style question answering from a JSON Lines file.
 
 Each row has ``context``, a question in ``input`` or ``question``, and ``answers`` (a list) or
-``answer`` (a string). The file is read with ``datasets.load_dataset("json", ...)``. Contexts longer
+``answer`` (a string); an optional ``id``/``_id`` must be unique. Records name the dataset by
+``task.dataset_name`` (default: the file's stem). The file is read line by line as UTF-8 JSON objects
+(no cache in between: the run identity hashes the same bytes the samples come from). Contexts longer
 than the budget are truncated in the middle (LongBench convention: the start and end of a document
 carry most of its framing); shorter contexts keep their natural length, so ``len(prefix_ids)`` is at
 most ``context_tokens`` here rather than exactly it.
@@ -9,6 +11,8 @@ most ``context_tokens`` here rather than exactly it.
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +38,18 @@ def _rows(path: str) -> list[dict[str, Any]]:
     file = Path(path).expanduser()
     if not file.is_file():
         raise KVBenchError(f"task.path={path!r} is not a file; point it at a .jsonl file with context/input/answers")
-    import datasets
-
-    try:
-        ds = datasets.load_dataset("json", data_files=str(file), split="train")
-    except Exception as exc:  # datasets raises many types for malformed JSON; report one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise KVBenchError(f"cannot read {file} as JSON Lines ({first})") from None
-    return [dict(r) for r in ds]
+    rows = []
+    for n, raw in enumerate(file.read_bytes().splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise KVBenchError(f"cannot read {file} as JSON Lines (line {n}: {type(exc).__name__})") from None
+        if not isinstance(row, dict):
+            raise KVBenchError(f"cannot read {file} as JSON Lines (line {n} is not a JSON object)")
+        rows.append(row)
+    return rows
 
 
 def _answers(row: dict[str, Any], i: int) -> list[str]:
@@ -105,4 +113,10 @@ def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
             }))
     if not samples:
         raise KVBenchError(f"{path} holds no rows")
+    counts = Counter(s.sample_id for s in samples)
+    dupes = sorted(sid.split("/", 1)[1] for sid, c in counts.items() if c > 1)
+    if dupes:
+        # Rows sharing an id would collapse into one record and share one stored baseline.
+        raise KVBenchError(f"{path} has duplicate ids: {', '.join(dupes[:10])}{' ...' if len(dupes) > 10 else ''}; "
+                           "give every row a unique 'id' (or '_id')")
     return samples

