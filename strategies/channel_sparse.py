@@ -295,7 +295,6 @@ class ChannelSparse(Strategy):
 
     name = "channel_sparse"
     family = "quantization"
-    query_window = 32
     mode: str = "prune"
     keep_ratio: float = 0.5
     window: int = 32
@@ -304,10 +303,10 @@ class ChannelSparse(Strategy):
     outlier_ratio: float = 0.0625
     outlier_bits: int = 4
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    @property
+    def query_window(self) -> int | None:  # type: ignore[override]
         # Only prune mode reads queries; outlier mode spares the engine the capture.
-        self.query_window = self.window if self.mode == "prune" else 0  # type: ignore[misc]
+        return self.window if self.mode == "prune" else 0
 
     def validate(self) -> None:
         require(self.mode in MODES,

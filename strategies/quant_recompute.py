@@ -10,10 +10,10 @@ Cache? Why Not Both?" (Cake) and KVPR, Jiang et al. 2025). Tokens after the spli
 ``bits``-bit integers in KIVI's format (Liu et al. ICML 2024): keys per channel — groups of
 ``group_size`` tokens within one channel, since key outliers sit in fixed channels — and values per
 token (groups of ``group_size`` channels), except the newest ``residual_tokens``, held exact like KIVI's
-residual window (keys also hold the up to ``group_size - 1`` tokens that do not fill a group yet). The leading tokens are also where
-precision matters most: they include the attention sinks that draw a large share of every query's
-attention (Xiao et al. 2023, "StreamingLLM"), so keeping them exact removes the quantization error
-that attention amplifies most.
+residual window (keys also hold the up to ``group_size - 1`` tokens that do not fill a group yet). The
+leading tokens are also where precision matters most: they include the attention sinks that draw a
+large share of every query's attention (Xiao et al. 2023, "StreamingLLM"), so keeping them exact
+removes the quantization error that attention amplifies most.
 
 Costs, recorded in ``stats()``: recompute FLOPs per step (``2 x linear-params x n`` for the
 projections and MLPs plus ``2 x layers x q_heads x head_dim x n (n + 1)`` for causal attention —

@@ -492,6 +492,46 @@ def test_think_keeps_the_channels_with_most_query_key_energy() -> None:
     assert store.stats()["kept_fraction"] == 0.25
 
 
+@pytest.mark.parametrize("params", [{}, {"window": 8, "recent_window": 0, "prune_decoded": True}])
+def test_think_reads_only_its_own_window_of_a_wider_capture(params: dict) -> None:
+    """Issue 12: the engine captures the widest window of any co-run strategy (h2o: all queries). channel_sparse
+    must score with its own last ``window`` queries only, so its result does not depend on who runs beside it."""
+    window = strategies.build("channel_sparse", params).window  # type: ignore[attr-defined]
+    k, v = _kv(100, heads=2, dim=16)
+    g = torch.Generator().manual_seed(7)
+    wide = torch.randn(1, 6, 100, 16, generator=g).to(torch.bfloat16)
+    wide[..., :-window, 1::2] *= 50  # earlier queries favour other channels: reading them changes the choice
+    results = []
+    for queries in (wide[..., -window:, :], wide):
+        store = strategies.build("channel_sparse", params).new_layer(0, 1)
+        cap = LayerCapture(layer_idx=0, num_kv_groups=3, scaling=0.25, queries=queries,
+                           positions=torch.arange(100)[-queries.shape[-2]:])
+        store.prefill(k, v, cap)
+        results.append((store.kept.clone(), *store.append(*_kv(1, heads=2, dim=16, seed=3))))  # type: ignore
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+
+
+def test_think_inside_compose_ignores_the_evictors_wider_window() -> None:
+    """The same path inside ``compose``: snapkv's 32-query capture, channel_sparse's own window of 4."""
+    k, v = _kv(100, heads=2, dim=16)
+    g = torch.Generator().manual_seed(8)
+    wide = torch.randn(1, 6, 32, 16, generator=g).to(torch.bfloat16)
+    wide[..., :-4, ::2] *= 50
+    composed = strategies.build("compose", {"evict": "snapkv", "quantize": "channel_sparse",
+                                            "quantize_params": {"window": 4}})
+    assert composed.query_window == 32
+    store = composed.new_layer(0, 1)
+    store.prefill(k, v, LayerCapture(layer_idx=0, num_kv_groups=3, scaling=0.25, queries=wide))
+    inner = store.inner  # type: ignore[attr-defined]
+    # The tokens snapkv kept, recovered from the inner store's dense (exact) values.
+    kept = torch.stack([(v[0, h, :, None, :] == inner.values[0, h][None]).all(-1).any(-1).nonzero()[:, 0]
+                        for h in range(2)])[None]
+    alone = strategies.build("channel_sparse", {"window": 4}).new_layer(0, 1)
+    alone.prefill(gather_tokens(k, kept, -2), gather_tokens(v, kept, -2),
+                  LayerCapture(layer_idx=0, num_kv_groups=3, scaling=0.25, queries=wide[..., -4:, :]))
+    assert torch.equal(inner.kept, alone.kept)  # type: ignore[attr-defined]
+
+
 def test_prune_mode_needs_queries_and_outlier_mode_does_not() -> None:
     k, v = _kv(8, heads=2, dim=16)
     with pytest.raises(KVBenchError, match="captured queries"):
