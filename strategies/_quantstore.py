@@ -301,6 +301,12 @@ class QuantizedStore(LayerStore):
                 "quantized_fraction": quantized / (2 * self.num_tokens())}
 
 
+def key_flush_unit(residual: int, group: int) -> int:
+    """KIVI flushes keys R at a time (its code asserts R mod G = 0); kvbench rounds R up to whole groups of G
+    so any R works (R = 0: one group at a time)."""
+    return max(1, -(-residual // group)) * group
+
+
 class KiviStore(QuantizedStore):
     """KIVI: keys per channel (groups of G tokens), values per token (groups of G channels), b bits."""
 
@@ -310,7 +316,8 @@ class KiviStore(QuantizedStore):
         r, g = strategy.residual_length, strategy.group_size
         if strategy.residual_layout == "kivi":
             # Keys: the last T mod R exact, flushed R at a time; values: exactly the R newest exact.
-            super().__init__(strategy, layer_idx, num_layers, residual=0, multiple=r or g, value_policy=(r, 1))
+            super().__init__(strategy, layer_idx, num_layers, residual=0, multiple=key_flush_unit(r, g),
+                             value_policy=(r, 1))
             self.attend_before_flush = True
         else:
             super().__init__(strategy, layer_idx, num_layers, residual=r, multiple=g)
@@ -328,7 +335,8 @@ class KiviStrategy(Strategy):
     """Parameters shared by ``int4`` and ``int2`` (KIVI's defaults: G = 32, R = 128, KIVI's residual layout).
 
     ``residual_layout``: ``kivi`` (default) is the reference's: the last ``T mod R`` keys and the ``R``
-    newest values exact, the step's own tokens attended before they are quantized; ``window`` is
+    newest values exact, the step's own tokens attended before they are quantized (an R that is not a
+    multiple of G, which KIVI refuses, flushes keys in units of R rounded up to whole groups); ``window`` is
     kvbench's earlier layout: between ``R`` and ``R + G - 1`` newest tokens of both K and V exact,
     rolling a group at a time.
     """
@@ -348,9 +356,6 @@ class KiviStrategy(Strategy):
         require(self.residual_layout in KIVI_LAYOUTS,
                 f"{self.name}.residual_layout must be one of {', '.join(KIVI_LAYOUTS)} "
                 f"(got {self.residual_layout!r})")
-        require(self.residual_layout != "kivi" or self.residual_length % self.group_size == 0,
-                f"{self.name}.residual_length must be a multiple of group_size={self.group_size} with "
-                f"residual_layout=kivi (keys are flushed R at a time in groups of G; got {self.residual_length})")
 
     def new_layer(self, layer_idx: int, num_layers: int) -> LayerStore:
         return KiviStore(self, layer_idx, num_layers)
@@ -368,7 +373,7 @@ class KiviStrategy(Strategy):
         t, (b, h, _, d) = keys.shape[-2], keys.shape
         r, g, bits = p.residual_length, p.group_size, cls.bits
         gv = min(g, d)
-        nk = t - t % (r or g)
+        nk = t - t % key_flush_unit(r, g)
         nv = max(t - r, 0)
 
         def part(x: torch.Tensor, n: int, group: int, axis: str) -> torch.Tensor:

@@ -25,7 +25,7 @@ WITH_REFERENCE = [n for n in strategies.available()
 # Parameters each reference is checked at (defaults always); small G/R so tokens flush at these lengths.
 REFERENCE_PARAMS: dict[str, list[dict]] = {
     "int4": [{}, {"group_size": 8, "residual_length": 16}, {"group_size": 16, "residual_length": 0}],
-    "int2": [{}, {"group_size": 8, "residual_length": 32}],
+    "int2": [{}, {"group_size": 8, "residual_length": 32}, {"group_size": 16, "residual_length": 8}],
     "channel_sparse": [{}, {"keep_ratio": 0.25, "window": 8, "recent_window": 5},
                        {"keep_ratio": 0.75, "recent_window": 0}, {"mode": "outlier"}],
 }

@@ -137,7 +137,8 @@ def _expected_bytes(name: str, params: dict, t: int, h: int, d: int, decode: int
     if name in ("int4", "int2"):
         bits, g, r = (4 if name == "int4" else 2), p["group_size"], p["residual_length"]
         if p["residual_layout"] == "kivi":  # keys: all but the last T mod R; values: all but the last R
-            tk, tv = t - t % (r or g), max(0, t - r)
+            unit = max(1, -(-r // g)) * g  # R rounded up to whole groups (KIVI itself needs R mod G = 0)
+            tk, tv = t - t % unit, max(0, t - r)
         else:  # both: the oldest whole groups beyond the R newest
             tk = tv = max(0, (t - r) // g * g)
         key_meta = (tk // g) * h * d * 2 * 2  # scale + zero per channel per token group
@@ -168,6 +169,7 @@ def _expected_bytes(name: str, params: dict, t: int, h: int, d: int, decode: int
 BYTE_CASES = [
     ("int8", {}), ("int8", {"group_size": 32}), ("int8", {"axis": "channel", "group_size": 32}),
     ("int4", {}), ("int4", {"group_size": 64, "residual_length": 64}), ("int2", {}),
+    ("int4", {"group_size": 64, "residual_length": 32}), ("int2", {"group_size": 16, "residual_length": 40}),
     ("int4", {"group_size": 64, "residual_length": 32, "residual_layout": "window"}),
     ("int2", {"residual_layout": "window"}), ("int4", {"residual_length": 0}),
     ("fp8", {}), ("fp8", {"scale": "channel", "format": "e5m2"}),
