@@ -1,10 +1,10 @@
 """Shared machinery of the grouped quantization stores (``int8``, ``int4``, ``int2``, ``bfp``).
 
 A :class:`QuantizedStore` holds K and V as two independent streams (:class:`Stream`): a quantized chunk
-(a :class:`kvbench.quantizers.TokenChunk`, kept as one contiguous chunk) of the oldest tokens followed
-by a full-precision residual of the newest. Each stream has a flush policy ``(keep, multiple)``: whenever
-the residual holds more than ``keep`` tokens, the oldest multiple of ``multiple`` tokens beyond the
-``keep`` most recent ones are quantized and appended to the chunk.
+(a :class:`kvbench.quantizers.TokenChunk`, held as a few pieces, see :class:`ChunkList`) of the oldest
+tokens followed by a full-precision residual of the newest. Each stream has a flush policy
+``(keep, multiple)``: whenever the residual holds more than ``keep`` tokens, the oldest multiple of
+``multiple`` tokens beyond the ``keep`` most recent ones are quantized and appended to the chunk.
 
 * int8 / bfp (token-wise groups): ``(0, 1)`` — every token is quantized on arrival;
   int8 ``axis=channel``: ``(0, G)``.
@@ -97,6 +97,40 @@ class WorkingCopy:
         return [] if self.buf is None else [self.buf]
 
 
+class ChunkList:
+    """A quantized chunk held as a few pieces along tokens, merged like a binary counter (a piece is merged
+    into its predecessor once it is as long): appending costs amortised O(log T) copies per token instead
+    of the O(T) of concatenating onto one chunk, with O(log T) pieces. Every piece holds exactly its
+    tokens, so byte accounting is unchanged; :meth:`merged` makes one chunk where one is needed."""
+
+    def __init__(self) -> None:
+        self.pieces: list[TokenChunk] = []
+
+    def append(self, piece: TokenChunk) -> None:
+        self.pieces.append(piece)
+        while len(self.pieces) >= 2 and self.pieces[-2].num_tokens <= self.pieces[-1].num_tokens:
+            last = self.pieces.pop()
+            self.pieces[-1] = self.pieces[-1].cat(last)
+
+    def merged(self) -> TokenChunk | None:
+        if len(self.pieces) > 1:
+            whole = self.pieces[0]
+            for piece in self.pieces[1:]:
+                whole = whole.cat(piece)
+            self.pieces = [whole]
+        return self.pieces[0] if self.pieces else None
+
+    def set(self, chunk: TokenChunk | None) -> None:
+        self.pieces = [] if chunk is None else [chunk]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(p.num_tokens for p in self.pieces)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for p in self.pieces for t in p.tensors()]
+
+
 class Stream:
     """One tensor (K or V): a quantized chunk of the oldest tokens, an exact residual, an optional working copy."""
 
@@ -104,7 +138,7 @@ class Stream:
                  working: bool, offset: int = 0) -> None:
         self.encode, self.keep, self.multiple = encode, keep, multiple
         self.offset = offset  # working-copy rows before this stream's tokens (a caller-managed prefix)
-        self.q: TokenChunk | None = None
+        self.chunks = ChunkList()
         self.r: torch.Tensor | None = None
         self.dtype: torch.dtype | None = None
         self.work = WorkingCopy() if working else None
@@ -112,8 +146,17 @@ class Stream:
         self._pending: list[tuple[int, TokenChunk]] = []
 
     @property
+    def q(self) -> TokenChunk | None:
+        """The quantized tokens as one chunk (merging the pieces)."""
+        return self.chunks.merged()
+
+    @q.setter
+    def q(self, chunk: TokenChunk | None) -> None:
+        self.chunks.set(chunk)
+
+    @property
     def quantized(self) -> int:
-        return 0 if self.q is None else self.q.num_tokens
+        return self.chunks.num_tokens
 
     def num_tokens(self) -> int:
         return self.quantized + (0 if self.r is None else self.r.shape[-2])
@@ -149,7 +192,7 @@ class Stream:
             return False
         start = self.quantized
         piece = self.encode(self.r[..., :n, :])
-        self.q = piece if self.q is None else self.q.cat(piece)
+        self.chunks.append(piece)
         # A copy, not a slice: a slice would keep the whole pre-flush buffer alive.
         self.r = self.r[..., n:, :].clone(memory_format=torch.contiguous_format)
         if self.work is not None:
@@ -164,10 +207,14 @@ class Stream:
         assert self.r is not None and self.dtype is not None
         if self.work is not None:
             return self.work.view()
-        if self.q is None:
+        if not self.chunks.pieces:
             return self.r
-        x = self.q.dequantize(self.dtype)
-        return x if self.r.shape[-2] == 0 else torch.cat([x, self.r], dim=-2)
+        # Piece by piece: merging here would make the held layout (and, for ragged groups, its bytes)
+        # depend on whether a working copy is kept.
+        parts = [p.dequantize(self.dtype) for p in self.chunks.pieces]
+        if self.r.shape[-2]:
+            parts.append(self.r)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
 
     def select(self, index: torch.Tensor) -> None:
         """Keep held tokens ``index`` exactly (see :meth:`QuantizedStore.select_tokens`)."""
@@ -182,13 +229,14 @@ class Stream:
             r = gather_tokens(self.r, spill - quantized, -2)
         if self.work is not None:
             self.work.replace(gather_tokens(self.work.view(), index, -2))
-        if self.q is not None:
-            self.q = self.q.take(index[..., :m]) if m else None
+        q = self.q
+        if q is not None:
+            self.q = q.take(index[..., :m]) if m else None
         self.r = r
         self.flush()
 
     def tensors(self) -> list[torch.Tensor]:
-        return ([] if self.q is None else self.q.tensors()) + ([] if self.r is None else [self.r])
+        return self.chunks.tensors() + ([] if self.r is None else [self.r])
 
 
 class QuantizedStore(LayerStore):

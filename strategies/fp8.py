@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from kvbench.quantizers import FP8_FORMATS, FP8_SCALES, Fp8Quant, fp8_scale, gather_tokens, quantize_fp8
-from strategies._quantstore import WorkingCopy, working_copy_enabled
+from strategies._quantstore import ChunkList, WorkingCopy, working_copy_enabled
 from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
 
 
@@ -38,31 +38,40 @@ class Fp8Store(LayerStore):
 
     def __init__(self, strategy: Fp8, layer_idx: int, num_layers: int) -> None:
         super().__init__(strategy, layer_idx, num_layers)
-        self.k: Fp8Quant | None = None
-        self.v: Fp8Quant | None = None
+        self.kc, self.vc = ChunkList(), ChunkList()  # pieces: appending never copies the whole payload
         self.dtype: torch.dtype | None = None
         self.decoded_elements = 0
         self.saturated = 0
         self.work: tuple[WorkingCopy, WorkingCopy] | None = None
 
+    @property
+    def k(self) -> Fp8Quant | None:
+        return self.kc.merged()  # type: ignore[return-value]
+
+    @property
+    def v(self) -> Fp8Quant | None:
+        return self.vc.merged()  # type: ignore[return-value]
+
     def _ingest(self, keys: torch.Tensor, values: torch.Tensor, decoding: bool) -> None:
         self.dtype = keys.dtype
         fmt = self.strategy.format
-        if self.k is None or self.v is None:
+        if not self.kc.pieces or not self.vc.pieces:
             if keys.shape[-2] == 0:
                 return  # nothing to calibrate on yet: the first tokens to arrive set the scales
             ks, vs = fp8_scale(keys, fmt, self.strategy.scale), fp8_scale(values, fmt, self.strategy.scale)
-            (self.k, _), (self.v, _) = quantize_fp8(keys, fmt, ks), quantize_fp8(values, fmt, vs)
+            (k, _), (v, _) = quantize_fp8(keys, fmt, ks), quantize_fp8(values, fmt, vs)
             if working_copy_enabled(self.strategy):
                 self.work = (WorkingCopy(), WorkingCopy())
-                self._keep(self.k, self.v)
-            return
-        (k, sk), (v, sv) = quantize_fp8(keys, fmt, self.k.scale), quantize_fp8(values, fmt, self.v.scale)
-        self.k, self.v = self.k.cat(k), self.v.cat(v)  # type: ignore[assignment]
+        else:
+            # Every piece carries the same (fixed) scale.
+            scale_k, scale_v = self.kc.pieces[0].scale, self.vc.pieces[0].scale  # type: ignore[attr-defined]
+            (k, sk), (v, sv) = quantize_fp8(keys, fmt, scale_k), quantize_fp8(values, fmt, scale_v)
+            if decoding:
+                self.decoded_elements += keys.numel() + values.numel()
+                self.saturated += sk + sv
+        self.kc.append(k)
+        self.vc.append(v)
         self._keep(k, v)
-        if decoding:
-            self.decoded_elements += keys.numel() + values.numel()
-            self.saturated += sk + sv
 
     def _keep(self, k: Fp8Quant, v: Fp8Quant) -> None:
         """Decode only the new tokens into the working copy (if any)."""
@@ -83,21 +92,23 @@ class Fp8Store(LayerStore):
 
     def select_tokens(self, index: torch.Tensor) -> None:
         """Exact: FP8 elements are independent and the scales do not depend on the tokens kept."""
-        if self.k is None or self.v is None:
+        k, v = self.k, self.v
+        if k is None or v is None:
             return  # nothing held yet
-        self.k, self.v = self.k.take(index), self.v.take(index)  # type: ignore[assignment]
+        self.kc.set(k.take(index))
+        self.vc.set(v.take(index))
         if self.work is not None:
             for w in self.work:
                 w.replace(gather_tokens(w.view(), index.to(w.view().device), -2))
 
     def tensors(self) -> Iterable[torch.Tensor]:
-        return [t for q in (self.k, self.v) if q is not None for t in q.tensors()]
+        return self.kc.tensors() + self.vc.tensors()
 
     def scratch_tensors(self) -> Iterable[torch.Tensor]:
         return [] if self.work is None else [t for w in self.work for t in w.tensors()]
 
     def num_tokens(self) -> int:
-        return 0 if self.k is None else self.k.num_tokens
+        return self.kc.num_tokens
 
     def stats(self) -> dict[str, float]:
         if self.k is None or self.num_tokens() == 0:

@@ -307,17 +307,23 @@ def test_window_layout_rolls_a_group_at_a_time() -> None:
     assert store.num_tokens() == 50
 
 
-def test_decode_dequantizes_one_contiguous_chunk_per_tensor() -> None:
-    """Appending never builds a list of per-token chunks: one quantized chunk per tensor, one residual."""
-    for name, params in [("int8", {}), ("int4", {"group_size": 8, "residual_length": 8}), ("bfp", {})]:
+def test_decode_holds_few_pieces_and_merges_them_exactly() -> None:
+    """Appending never copies the whole quantized chunk nor keeps a list of per-token chunks: pieces merge like a
+    binary counter (O(log T) of them); merged, they are one chunk equal to quantizing every flush at once."""
+    for name, params in [("int8", {}), ("int4", {"group_size": 8, "residual_length": 8}), ("bfp", {}),
+                         ("fp8", {})]:
         store = strategies.build(name, params).new_layer(0, 1)
         store.prefill(*_kv(40, heads=2, dim=16), None)
-        for step in range(12):
+        for step in range(300):
             store.append(*_kv(1, heads=2, dim=16, seed=step))
         tensors = list(store.tensors())
-        # int8/bfp: codes + scales for K and V, two empty residuals; KIVI: codes, scale, zero + residuals
-        assert len(tensors) == (8 if name == "int4" else 6)
-        assert store.qk.num_tokens + store.rk.shape[-2] == 52  # type: ignore[attr-defined]
+        per_piece = {"int8": 2, "bfp": 2, "int4": 3, "fp8": 2}[name]
+        assert len(tensors) <= 2 * per_piece * 10 + 2  # log2(340) < 10 pieces per tensor, plus the residuals
+        assert store.num_tokens() == 340
+        merged_before = held_bytes(store.tensors())
+        k = store.k if name == "fp8" else store.qk  # type: ignore[attr-defined]  # merges the pieces
+        assert k.num_tokens == (340 if name != "int4" else 336)
+        assert held_bytes(store.tensors()) == merged_before  # merging changes no byte
 
 
 def test_fp8_scale_is_fixed_and_saturation_reported() -> None:
