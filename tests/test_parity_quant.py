@@ -56,11 +56,15 @@ def test_store_matches_its_reference(name: str, tokens: int) -> None:
         ref = cls.reference(keys, values, cap, **params)
         if ref is None:
             continue
+        if not {"keys", "values", "kv_bytes"} & set(ref):
+            pytest.skip(f"{name}.reference returns none of keys, values, kv_bytes: {sorted(ref)}")
         store = strategies.build(name, params).new_layer(0, 1)
         store.prefill(keys, values, cap)
         got_k, got_v = store.append(keys[..., :0, :], values[..., :0, :])
-        assert torch.equal(got_k, ref["keys"]), (params, ref.get("source"))
-        assert torch.equal(got_v, ref["values"]), (params, ref.get("source"))
+        if "keys" in ref:
+            assert torch.equal(got_k, ref["keys"]), (params, ref.get("source"))
+        if "values" in ref:
+            assert torch.equal(got_v, ref["values"]), (params, ref.get("source"))
         if "kv_bytes" in ref:
             assert held_bytes(store.tensors()) == ref["kv_bytes"], params
 
