@@ -286,14 +286,16 @@ class AsymmetricQuant(GroupedChunk):
     META: ClassVar[tuple[str, ...]] = ("scale", "zero")
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        # One fused multiply-add over the whole chunk (zero + code * scale) in float32, one cast at the
-        # end: faster on CPU than bfloat16 arithmetic, and rounded once.
+        # float32 arithmetic, one cast at the end (faster on CPU than bfloat16 arithmetic). A separate
+        # multiply and add, never a fused multiply-add, whose use can differ between a kernel's vector
+        # body and its tail: decoding stays element-wise exact, so a token decoded alone equals the same
+        # token decoded with its whole chunk (what the stores' working copies rely on).
         c = unpack_codes(self.codes, self.bits).float()
         if self.group_index is not None:
             s, z = self._per_token_meta(torch.float32)
-            return torch.addcmul(z, c.unsqueeze(-2), s).squeeze(-2).to(dtype)
+            return (c.unsqueeze(-2) * s + z).squeeze(-2).to(dtype)
         g, _ = group_view(c, self.group_size, self.axis)
-        out = torch.addcmul(self.zero.float(), g, self.scale.float())
+        out = g * self.scale.float() + self.zero.float()
         return out.flatten(*_group_dims(self.axis)).to(dtype)
 
 

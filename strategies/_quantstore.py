@@ -1,24 +1,33 @@
 """Shared machinery of the grouped quantization stores (``int8``, ``int4``, ``int2``, ``bfp``).
 
-A :class:`QuantizedStore` holds one quantized chunk per tensor (K and V, each a
-:class:`kvbench.quantizers.TokenChunk` kept as a single contiguous chunk) followed by a full-precision
-residual — the layout of KIVI (Liu et al. 2024, "KIVI: A Tuning-Free Asymmetric 2bit Quantization for
-KV Cache"). Tokens enter the residual; whenever it holds at least ``residual + multiple`` tokens the
-oldest multiple of ``multiple`` tokens beyond the ``residual`` most recent ones are quantized and
-appended to the chunk. So the ``residual`` most recent tokens always stay exact and the residual holds
-between ``residual`` and ``residual + multiple - 1`` tokens once the cache is long enough.
+A :class:`QuantizedStore` holds K and V as two independent streams (:class:`Stream`): a quantized chunk
+(a :class:`kvbench.quantizers.TokenChunk`, held as a few pieces, see :class:`ChunkList`) of the oldest
+tokens followed by a full-precision residual of the newest. Each stream has a flush policy
+``(keep, multiple)``: whenever the residual holds more than ``keep`` tokens, the oldest multiple of
+``multiple`` tokens beyond the ``keep`` most recent ones are quantized and appended to the chunk.
 
-``multiple`` is the token granularity of the encoding: 1 when every token is encoded on its own
-(groups along channels), the group size when groups run along the token axis. With ``multiple == 1``
-and ``residual == 0`` everything is quantized the moment it arrives.
+* int8 / bfp (token-wise groups): ``(0, 1)`` — every token is quantized on arrival;
+  int8 ``axis=channel``: ``(0, G)``.
+* KIVI (Liu et al. 2024, "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache";
+  ``jy-yuan/KIVI`` ``models/llama_kivi.py``): keys ``(0, R)`` — the last ``T mod R`` keys stay exact and
+  are quantized all at once when ``R`` have gathered — and values ``(R, 1)`` — a rolling window of exactly
+  the ``R`` newest values, the oldest quantized one token at a time. During decoding KIVI attends to the
+  new token(s) before flushing, so the step's own tokens are read exactly (``attend_before_flush``).
+
+Working copy (harness scratch, not part of the format): quantized tokens never change, so re-decoding the
+whole chunk at every step is an artefact of emulating the format in PyTorch. Unless the run context sets
+``working_copy=False``, each stream keeps a :class:`WorkingCopy` — the decoded chunk followed by the
+residual, grown in place — and a step writes only its new and newly flushed rows. Decoding is
+element-wise, so a row decoded on its own is bit-identical to the same row decoded with the whole chunk.
+``tensors()`` (and so ``kv_bytes``) never includes it; ``scratch_tensors()`` reports it.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -27,6 +36,7 @@ from kvbench.quantizers import TokenChunk, gather_tokens, quantize_asymmetric
 from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
 
 GROUP_SIZES = (8, 16, 32, 64, 128, 256)
+KIVI_LAYOUTS = ("kivi", "window")
 
 
 def channel_group(group_size: int, head_dim: int, what: str) -> int:
@@ -37,73 +47,267 @@ def channel_group(group_size: int, head_dim: int, what: str) -> int:
     return g
 
 
-class QuantizedStore(LayerStore):
-    """Quantized K/V chunks plus a full-precision residual of the most recent tokens."""
+def working_copy_enabled(strategy: Any) -> bool:
+    """The bound run's ``working_copy`` flag; a store used outside the engine (no context) keeps one."""
+    context = getattr(strategy, "context", None)
+    return True if context is None else bool(getattr(context, "working_copy", True))
 
-    def __init__(self, strategy: Strategy, layer_idx: int, num_layers: int, residual: int,
-                 multiple: int) -> None:
-        super().__init__(strategy, layer_idx, num_layers)
-        self.residual = residual
-        self.multiple = multiple
-        self.qk: TokenChunk | None = None
-        self.qv: TokenChunk | None = None
-        self.rk: torch.Tensor | None = None
-        self.rv: torch.Tensor | None = None
+
+class WorkingCopy:
+    """Scratch ``[b, h, T, d]`` tensor of what attention reads, grown in place with spare capacity.
+
+    Appending ``n`` tokens copies ``n`` rows (plus an amortised O(1) per token when the buffer grows by a
+    quarter), so a decode step no longer costs O(context) copies.
+    """
+
+    def __init__(self) -> None:
+        self.buf: torch.Tensor | None = None
+        self.n = 0
+
+    def _reserve(self, like: torch.Tensor, total: int) -> None:
+        if self.buf is not None and self.buf.shape[-2] >= total:
+            return
+        b, h, _, d = like.shape
+        new = like.new_empty(b, h, total + max(64, total // 4), d)
+        if self.buf is not None and self.n:
+            new[..., :self.n, :].copy_(self.buf[..., :self.n, :])
+        self.buf = new
+
+    def append(self, x: torch.Tensor) -> None:
+        m = x.shape[-2]
+        self._reserve(x, self.n + m)
+        assert self.buf is not None
+        self.buf[..., self.n:self.n + m, :].copy_(x)
+        self.n += m
+
+    def write(self, start: int, x: torch.Tensor) -> None:
+        assert self.buf is not None
+        self.buf[..., start:start + x.shape[-2], :].copy_(x)
+
+    def replace(self, x: torch.Tensor) -> None:
+        """Start over from ``x`` (after tokens were dropped)."""
+        self.buf, self.n = None, 0
+        self.append(x)
+
+    def view(self) -> torch.Tensor:
+        assert self.buf is not None
+        return self.buf[..., :self.n, :]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [] if self.buf is None else [self.buf]
+
+
+class ChunkList:
+    """A quantized chunk held as a few pieces along tokens, merged like a binary counter (a piece is merged
+    into its predecessor once it is as long): appending costs amortised O(log T) copies per token instead
+    of the O(T) of concatenating onto one chunk, with O(log T) pieces. Every piece holds exactly its
+    tokens, so byte accounting is unchanged; :meth:`merged` makes one chunk where one is needed."""
+
+    def __init__(self) -> None:
+        self.pieces: list[TokenChunk] = []
+
+    def append(self, piece: TokenChunk) -> None:
+        self.pieces.append(piece)
+        while len(self.pieces) >= 2 and self.pieces[-2].num_tokens <= self.pieces[-1].num_tokens:
+            last = self.pieces.pop()
+            self.pieces[-1] = self.pieces[-1].cat(last)
+
+    def merged(self) -> TokenChunk | None:
+        if len(self.pieces) > 1:
+            whole = self.pieces[0]
+            for piece in self.pieces[1:]:
+                whole = whole.cat(piece)
+            self.pieces = [whole]
+        return self.pieces[0] if self.pieces else None
+
+    def set(self, chunk: TokenChunk | None) -> None:
+        self.pieces = [] if chunk is None else [chunk]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(p.num_tokens for p in self.pieces)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for p in self.pieces for t in p.tensors()]
+
+
+class Stream:
+    """One tensor (K or V): a quantized chunk of the oldest tokens, an exact residual, an optional working copy."""
+
+    def __init__(self, encode: Callable[[torch.Tensor], TokenChunk], keep: int, multiple: int,
+                 working: bool, offset: int = 0) -> None:
+        self.encode, self.keep, self.multiple = encode, keep, multiple
+        self.offset = offset  # working-copy rows before this stream's tokens (a caller-managed prefix)
+        self.chunks = ChunkList()
+        self.r: torch.Tensor | None = None
         self.dtype: torch.dtype | None = None
+        self.work = WorkingCopy() if working else None
+        # Flushed pieces whose working rows still hold the exact values the current step attends to.
+        self._pending: list[tuple[int, TokenChunk]] = []
+
+    @property
+    def q(self) -> TokenChunk | None:
+        """The quantized tokens as one chunk (merging the pieces)."""
+        return self.chunks.merged()
+
+    @q.setter
+    def q(self, chunk: TokenChunk | None) -> None:
+        self.chunks.set(chunk)
+
+    @property
+    def quantized(self) -> int:
+        return self.chunks.num_tokens
+
+    def num_tokens(self) -> int:
+        return self.quantized + (0 if self.r is None else self.r.shape[-2])
+
+    def _settle(self) -> None:
+        if self.work is not None and self._pending:
+            assert self.dtype is not None
+            for start, piece in self._pending:
+                self.work.write(self.offset + start, piece.dequantize(self.dtype))
+        self._pending = []
+
+    def ingest(self, x: torch.Tensor, attend_first: bool) -> torch.Tensor | None:
+        """Add ``x``; with ``attend_first`` return what attention reads before the flush (else after it)."""
+        self._settle()
+        self.dtype = x.dtype
+        if self.work is not None:
+            self.work.append(x)
+        self.r = torch.cat([self.r, x], dim=-2) if self.r is not None and self.r.shape[-2] else x
+        out = self.materialize() if attend_first else None
+        self.flush(defer=attend_first)
+        if self.r is x:
+            # The caller's tensor may be a view of a larger (possibly shared prefill) buffer, which
+            # holding would keep alive and count; the residual gets storage of its own.
+            self.r = x.clone(memory_format=torch.contiguous_format)
+        return out
+
+    def flush(self, defer: bool = False) -> bool:
+        """Quantize the oldest multiple of ``multiple`` tokens beyond the ``keep`` most recent ones."""
+        assert self.r is not None and self.dtype is not None
+        t = self.r.shape[-2]
+        n = (t - self.keep) // self.multiple * self.multiple if t > self.keep else 0
+        if n <= 0:
+            return False
+        start = self.quantized
+        piece = self.encode(self.r[..., :n, :])
+        self.chunks.append(piece)
+        # A copy, not a slice: a slice would keep the whole pre-flush buffer alive.
+        self.r = self.r[..., n:, :].clone(memory_format=torch.contiguous_format)
+        if self.work is not None:
+            if defer:
+                self._pending.append((start, piece))
+            else:
+                self.work.write(self.offset + start, piece.dequantize(self.dtype))
+        return True
+
+    def materialize(self) -> torch.Tensor:
+        """All held tokens in the model dtype: the working copy, or one dequantization and one concatenation."""
+        assert self.r is not None and self.dtype is not None
+        if self.work is not None:
+            return self.work.view()
+        if not self.chunks.pieces:
+            return self.r
+        # Piece by piece: merging here would make the held layout (and, for ragged groups, its bytes)
+        # depend on whether a working copy is kept.
+        parts = [p.dequantize(self.dtype) for p in self.chunks.pieces]
+        if self.r.shape[-2]:
+            parts.append(self.r)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep held tokens ``index`` exactly (see :meth:`QuantizedStore.select_tokens`)."""
+        assert self.r is not None and self.offset == 0
+        self._settle()
+        quantized = self.quantized
+        m = int((index < quantized).sum(-1).min()) if index.numel() else 0
+        spill = index[..., m:]
+        if bool((spill < quantized).any()):
+            r = gather_tokens(self.materialize(), spill, -2)  # spilled tokens keep the values attention saw
+        else:
+            r = gather_tokens(self.r, spill - quantized, -2)
+        if self.work is not None:
+            self.work.replace(gather_tokens(self.work.view(), index, -2))
+        q = self.q
+        if q is not None:
+            self.q = q.take(index[..., :m]) if m else None
+        self.r = r
+        self.flush()
+
+    def tensors(self) -> list[torch.Tensor]:
+        return self.chunks.tensors() + ([] if self.r is None else [self.r])
+
+
+class QuantizedStore(LayerStore):
+    """Quantized K/V chunks plus full-precision residuals, one :class:`Stream` per tensor."""
+
+    #: Whether a decode step attends to its own tokens before they are flushed (KIVI) or after.
+    attend_before_flush = False
+
+    def __init__(self, strategy: Strategy, layer_idx: int, num_layers: int, residual: int, multiple: int,
+                 value_policy: tuple[int, int] | None = None) -> None:
+        super().__init__(strategy, layer_idx, num_layers)
+        self.key_policy = (residual, multiple)
+        self.value_policy = value_policy or self.key_policy
+        self.ks: Stream | None = None
+        self.vs: Stream | None = None
 
     @abstractmethod
     def encode_keys(self, x: torch.Tensor) -> TokenChunk:
-        """Quantize ``x`` (a multiple of ``self.multiple`` tokens) in the strategy's key format."""
+        """Quantize ``x`` (a multiple of the key flush unit) in the strategy's key format."""
 
     @abstractmethod
     def encode_values(self, x: torch.Tensor) -> TokenChunk:
-        """Quantize ``x`` (a multiple of ``self.multiple`` tokens) in the strategy's value format."""
+        """Quantize ``x`` (a multiple of the value flush unit) in the strategy's value format."""
 
-    # -- ingestion ------------------------------------------------------------------------------------
-    def _ingest(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self.dtype = keys.dtype
-        if self.rk is not None and self.rv is not None and self.rk.shape[-2] > 0:
-            self.rk, self.rv = torch.cat([self.rk, keys], dim=-2), torch.cat([self.rv, values], dim=-2)
-            self._flush()
-            return
-        self.rk, self.rv = keys, values
-        if not self._flush():
-            # The caller's tensor may be a view of a larger (possibly shared prefill) buffer, which
-            # holding would keep alive and count; the few residual tokens get storage of their own.
-            self.rk = keys.clone(memory_format=torch.contiguous_format)
-            self.rv = values.clone(memory_format=torch.contiguous_format)
+    def _streams(self) -> tuple[Stream, Stream]:
+        if self.ks is None or self.vs is None:
+            working = working_copy_enabled(self.strategy)
+            self.ks = Stream(self.encode_keys, *self.key_policy, working)
+            self.vs = Stream(self.encode_values, *self.value_policy, working)
+        return self.ks, self.vs
 
-    def _flush(self) -> bool:
-        """Quantize the oldest multiple of ``multiple`` tokens beyond the ``residual`` most recent ones."""
-        assert self.rk is not None and self.rv is not None
-        t = self.rk.shape[-2]
-        n = (t - self.residual) // self.multiple * self.multiple if t > self.residual else 0
-        if n <= 0:
-            return False
-        qk, qv = self.encode_keys(self.rk[..., :n, :]), self.encode_values(self.rv[..., :n, :])
-        self.qk = qk if self.qk is None else self.qk.cat(qk)
-        self.qv = qv if self.qv is None else self.qv.cat(qv)
-        # Copies, not slices: a slice would keep the whole pre-flush buffer alive.
-        self.rk = self.rk[..., n:, :].clone(memory_format=torch.contiguous_format)
-        self.rv = self.rv[..., n:, :].clone(memory_format=torch.contiguous_format)
-        return True
+    # Read-only views of the streams' parts (tests, stats and subclasses read them by these names).
+    @property
+    def qk(self) -> TokenChunk | None:
+        return None if self.ks is None else self.ks.q
+
+    @property
+    def qv(self) -> TokenChunk | None:
+        return None if self.vs is None else self.vs.q
+
+    @property
+    def rk(self) -> torch.Tensor | None:
+        return None if self.ks is None else self.ks.r
+
+    @property
+    def rv(self) -> torch.Tensor | None:
+        return None if self.vs is None else self.vs.r
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        return None if self.ks is None else self.ks.dtype
 
     def prefill(self, keys: torch.Tensor, values: torch.Tensor, capture: LayerCapture | None) -> None:
-        self._ingest(keys, values)
+        ks, vs = self._streams()
+        ks.ingest(keys, attend_first=False)
+        vs.ingest(values, attend_first=False)
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self._ingest(keys, values)
+        ks, vs = self._streams()
+        first = self.attend_before_flush
+        k, v = ks.ingest(keys, attend_first=first), vs.ingest(values, attend_first=first)
+        if first:
+            assert k is not None and v is not None
+            return k, v
         return self.materialize()
 
     def materialize(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """All held tokens in the model dtype: one dequantization per tensor, one concatenation."""
-        assert self.dtype is not None and self.rk is not None and self.rv is not None
-        if self.qk is None or self.qv is None:
-            return self.rk, self.rv
-        k, v = self.qk.dequantize(self.dtype), self.qv.dequantize(self.dtype)
-        if self.rk.shape[-2] == 0:
-            return k, v
-        return torch.cat([k, self.rk], dim=-2), torch.cat([v, self.rv], dim=-2)
+        """All held tokens in the model dtype."""
+        if self.ks is None or self.vs is None:
+            raise KVBenchError("materialize before prefill")
+        return self.ks.materialize(), self.vs.materialize()
 
     # -- eviction support ---------------------------------------------------------------------------
     def select_tokens(self, index: torch.Tensor) -> None:
@@ -115,44 +319,40 @@ class QuantizedStore(LayerStore):
         first ``m`` kept quantized tokens in the chunk (``m`` the smallest count over heads) and the
         rest of its kept tokens — its extra quantized ones, as their dequantized values, and its kept
         residual ones — form the new residual, in order. Only if that residual has grown past the
-        window are its oldest tokens quantized again, as on any append.
+        flush policy are its oldest tokens quantized again, as on any append. K and V are handled
+        independently (KIVI's keys and values have different residuals).
         """
-        if self.rk is None or self.rv is None:
+        if self.ks is None or self.vs is None or self.ks.r is None:
             raise KVBenchError("select_tokens before prefill")
-        index = index.to(device=self.rk.device, dtype=torch.long)
-        quantized = 0 if self.qk is None else self.qk.num_tokens
-        m = int((index < quantized).sum(-1).min()) if index.numel() else 0
-        spill = index[..., m:]
-        if bool((spill < quantized).any()):
-            k, v = self.materialize()  # spilled quantized tokens keep exactly the values attention saw
-            rk, rv = gather_tokens(k, spill, -2), gather_tokens(v, spill, -2)
-        else:
-            rk = gather_tokens(self.rk, spill - quantized, -2)
-            rv = gather_tokens(self.rv, spill - quantized, -2)
-        if self.qk is not None and self.qv is not None:
-            keep = index[..., :m]
-            self.qk, self.qv = (self.qk.take(keep), self.qv.take(keep)) if m else (None, None)
-        self.rk, self.rv = rk, rv
-        self._flush()
+        index = index.to(device=self.ks.r.device, dtype=torch.long)
+        self.ks.select(index)
+        self.vs.select(index)
 
     # -- accounting ---------------------------------------------------------------------------------
     def tensors(self) -> Iterable[torch.Tensor]:
-        chunks = [t for q in (self.qk, self.qv) if q is not None for t in q.tensors()]
-        return chunks + [t for t in (self.rk, self.rv) if t is not None]
+        return [t for s in (self.ks, self.vs) if s is not None for t in s.tensors()]
+
+    def scratch_tensors(self) -> Iterable[torch.Tensor]:
+        return [t for s in (self.ks, self.vs) if s is not None and s.work is not None for t in s.work.tensors()]
 
     def num_tokens(self) -> int:
-        residual = 0 if self.rk is None else self.rk.shape[-2]
-        return residual + (0 if self.qk is None else self.qk.num_tokens)
+        return 0 if self.ks is None else self.ks.num_tokens()
 
     def stats(self) -> dict[str, float]:
-        """Measured bits per held K/V element (payload and metadata) and the quantized share of tokens."""
-        if self.rk is None or self.num_tokens() == 0:
+        """Measured bits per held K/V element (payload and metadata) and the quantized share of K/V tokens."""
+        if self.ks is None or self.vs is None or self.ks.r is None or self.num_tokens() == 0:
             return {}
-        b, h, _, d = self.rk.shape
+        b, h, _, d = self.ks.r.shape
         elements = 2 * b * h * d * self.num_tokens()
-        quantized = 0 if self.qk is None else self.qk.num_tokens
+        quantized = self.ks.quantized + self.vs.quantized
         return {"bits_per_element": 8 * held_bytes(self.tensors()) / elements,
-                "quantized_fraction": quantized / self.num_tokens()}
+                "quantized_fraction": quantized / (2 * self.num_tokens())}
+
+
+def key_flush_unit(residual: int, group: int) -> int:
+    """KIVI flushes keys R at a time (its code asserts R mod G = 0); kvbench rounds R up to whole groups of G
+    so any R works (R = 0: one group at a time)."""
+    return max(1, -(-residual // group)) * group
 
 
 class KiviStore(QuantizedStore):
@@ -161,8 +361,14 @@ class KiviStore(QuantizedStore):
     strategy: KiviStrategy
 
     def __init__(self, strategy: KiviStrategy, layer_idx: int, num_layers: int) -> None:
-        super().__init__(strategy, layer_idx, num_layers, residual=strategy.residual_length,
-                         multiple=strategy.group_size)
+        r, g = strategy.residual_length, strategy.group_size
+        if strategy.residual_layout == "kivi":
+            # Keys: the last T mod R exact, flushed R at a time; values: exactly the R newest exact.
+            super().__init__(strategy, layer_idx, num_layers, residual=0, multiple=key_flush_unit(r, g),
+                             value_policy=(r, 1))
+            self.attend_before_flush = True
+        else:
+            super().__init__(strategy, layer_idx, num_layers, residual=r, multiple=g)
 
     def encode_keys(self, x: torch.Tensor) -> TokenChunk:
         return quantize_asymmetric(x, self.strategy.bits, self.strategy.group_size, "channel")
@@ -174,12 +380,20 @@ class KiviStore(QuantizedStore):
 
 @dataclass
 class KiviStrategy(Strategy):
-    """Parameters shared by ``int4`` and ``int2`` (KIVI's defaults: G = 32, R = 128)."""
+    """Parameters shared by ``int4`` and ``int2`` (KIVI's defaults: G = 32, R = 128, KIVI's residual layout).
+
+    ``residual_layout``: ``kivi`` (default) is the reference's: the last ``T mod R`` keys and the ``R``
+    newest values exact, the step's own tokens attended before they are quantized (an R that is not a
+    multiple of G, which KIVI refuses, flushes keys in units of R rounded up to whole groups); ``window`` is
+    kvbench's earlier layout: between ``R`` and ``R + G - 1`` newest tokens of both K and V exact,
+    rolling a group at a time.
+    """
 
     family = "quantization"
     bits: ClassVar[int]
     group_size: int = 32
     residual_length: int = 128
+    residual_layout: str = "kivi"
 
     def validate(self) -> None:
         require(self.group_size in GROUP_SIZES,
@@ -187,6 +401,38 @@ class KiviStrategy(Strategy):
                 f"(got {self.group_size})")
         require(isinstance(self.residual_length, int) and self.residual_length >= 0,
                 f"{self.name}.residual_length must be an integer >= 0 (got {self.residual_length})")
+        require(self.residual_layout in KIVI_LAYOUTS,
+                f"{self.name}.residual_layout must be one of {', '.join(KIVI_LAYOUTS)} "
+                f"(got {self.residual_layout!r})")
 
     def new_layer(self, layer_idx: int, num_layers: int) -> LayerStore:
         return KiviStore(self, layer_idx, num_layers)
+
+    @classmethod
+    def reference(cls, keys: torch.Tensor, values: torch.Tensor, capture: LayerCapture | None = None,
+                  **params: Any) -> dict[str, Any]:
+        """KIVI's prefill (``jy-yuan/KIVI`` ``models/llama_kivi.py``): what attention reads next and the bytes held.
+
+        Written from the reference, not from :class:`KiviStore`: keys ``[:T - T mod R]`` quantized per
+        channel in groups of G tokens, the rest exact; values ``[:T - R]`` quantized per token in groups
+        of G channels, the last R exact; float16 scale and zero point per group; codes at ``bits`` bits.
+        """
+        p = cls(**params)
+        t, (b, h, _, d) = keys.shape[-2], keys.shape
+        r, g, bits = p.residual_length, p.group_size, cls.bits
+        gv = min(g, d)
+        nk = t - t % key_flush_unit(r, g)
+        nv = max(t - r, 0)
+
+        def part(x: torch.Tensor, n: int, group: int, axis: str) -> torch.Tensor:
+            if n == 0:
+                return x
+            q = quantize_asymmetric(x[..., :n, :], bits, group, axis).dequantize(x.dtype)
+            return torch.cat([q, x[..., n:, :]], dim=-2)
+
+        exact = keys.element_size()
+        key_bytes = nk * d * bits // 8 + (nk // g) * d * 2 * 2 + (t - nk) * d * exact
+        value_bytes = nv * d * bits // 8 + nv * (d // gv) * 2 * 2 + (t - nv) * d * exact
+        return {"keys": part(keys, nk, g, "channel"), "values": part(values, nv, gv, "token"),
+                "exact_keys": t - nk, "exact_values": t - nv, "kv_bytes": b * h * (key_bytes + value_bytes),
+                "source": "jy-yuan/KIVI models/llama_kivi.py (prefill and decode of LlamaAttention_KIVI)"}

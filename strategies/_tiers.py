@@ -4,7 +4,7 @@
   ``kvbench.models.cache_dir()/"tiers"``, optionally evicted from the page cache, read back on
   demand, removed on :meth:`DiskPacket.close` (the directory with :class:`StoreDir`);
 * :class:`HostPacket` — tensors moved to host memory (pinned when the run is on CUDA);
-* :func:`quantize` — per-token integer quantization at 8, 4 or 2 bits through :mod:`kvbench.quantizers`;
+* :func:`quantize` — per-token or per-channel integer quantization at 8, 4 or 2 bits (:mod:`kvbench.quantizers`);
 * :class:`StoreGroup` — the stores of one cache, so a store can prefetch its successor's blocks or
   share one per-step recomputation;
 * :func:`run_profile`, :func:`modelled_transfer`, :func:`modelled_recompute` — the run's hardware
@@ -160,13 +160,16 @@ def timed_read(packet: Packet, device: torch.device) -> tuple[list[torch.Tensor]
 # ---------------------------------------------------------------------------------------- quantization
 
 
-def quantize(x: torch.Tensor, bits: int, group_size: int) -> TokenChunk:
-    """Per-token quantization (groups of ``group_size`` channels within one token, so tokens quantize on
-    arrival) at ``bits``: 8 is the symmetric int8 of :mod:`kvbench.quantizers`, 4 and 2 its asymmetric
-    min/max format with codes packed ``8 // bits`` to a byte (KIVI's low-bit format)."""
+def quantize(x: torch.Tensor, bits: int, group_size: int, axis: str = "token") -> TokenChunk:
+    """Integer quantization at ``bits``: 8 is the symmetric int8 of :mod:`kvbench.quantizers`, 4 and 2 its
+    asymmetric min/max format with codes packed ``8 // bits`` to a byte (KIVI's low-bit format).
+
+    ``axis="token"``: groups of ``group_size`` channels within one token (tokens quantize on arrival; KIVI's
+    value format); ``axis="channel"``: groups of ``group_size`` tokens within one channel (KIVI's key
+    format, for keys' fixed outlier channels; needs a multiple of ``group_size`` tokens)."""
     if bits == 8:
-        return quantize_int8(x, group_size, axis="token")
-    return quantize_asymmetric(x, bits, group_size, axis="token")
+        return quantize_int8(x, group_size, axis=axis)
+    return quantize_asymmetric(x, bits, group_size, axis=axis)
 
 
 def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:

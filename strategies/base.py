@@ -9,7 +9,10 @@ format left entirely to the strategy:
 * ``append(keys, values)`` — store newly processed tokens and return the K/V that this step's
   attention must see: exactly ``num_tokens()`` (before the call) plus the new tokens, in order;
 * ``tensors()`` — every tensor the store holds, for byte accounting from real storage;
-* ``num_tokens()`` — tokens physically held.
+* ``num_tokens()`` — tokens physically held;
+* ``scratch_tensors()`` (optional) — harness scratch that is not part of the cache format, e.g. a
+  dequantized working copy kept so emulated quantization does not re-decode an immutable prefix every
+  step. Reported apart from ``tensors()``, which alone defines ``kv_bytes``.
 
 Stores must never modify the tensors handed to ``prefill``: one captured prefill is shared by every
 strategy in a run.
@@ -71,6 +74,10 @@ class LayerStore(ABC):
     def num_tokens(self) -> int:
         """Tokens physically held."""
 
+    def scratch_tensors(self) -> Iterable[torch.Tensor]:
+        """Harness scratch held besides the cache itself (never counted in ``kv_bytes``); none by default."""
+        return ()
+
     def stats(self) -> dict[str, float]:
         """Strategy-specific figures for the record (kept fraction, bytes per tier, ...)."""
         return {}
@@ -94,13 +101,16 @@ class RunContext:
 
     ``hardware`` is a :class:`kvbench.hardware.HardwareProfile`; ``prefix_ids`` are the token ids of
     the compressed prefix (``[batch, tokens]``), e.g. for strategies that recompute K/V instead of
-    storing it.
+    storing it. ``working_copy``: quantized stores may keep a dequantized working copy of what can no
+    longer change (reported by ``LayerStore.scratch_tensors()``); ``False`` measures the true peak of the
+    format alone, re-decoding every step.
     """
 
     model: Any = None
     hardware: Any = None
     prefix_ids: torch.Tensor | None = None
     device: str = "cpu"
+    working_copy: bool = True
 
 
 class Strategy(ABC):

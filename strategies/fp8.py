@@ -14,6 +14,9 @@ Scales are calibrated once, on the prefill, and then fixed: decoded tokens are e
 infinity, so the clamp is also what keeps them finite. ``stats()`` reports the saturated fraction of
 decoded elements. Nothing is ever re-quantized, so there is no full-precision residual and tokens can
 be dropped exactly. Cost: 8 bits per element plus the (token-independent) scales.
+
+Unless the run context sets ``working_copy=False``, the decoded K/V are kept as harness scratch (see
+``strategies/_quantstore.py``): each step decodes only its new tokens, bit-identical to decoding all.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.quantizers import FP8_FORMATS, FP8_SCALES, Fp8Quant, fp8_scale, quantize_fp8
+from kvbench.quantizers import FP8_FORMATS, FP8_SCALES, Fp8Quant, fp8_scale, gather_tokens, quantize_fp8
+from strategies._quantstore import ChunkList, WorkingCopy, working_copy_enabled
 from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
 
 
@@ -34,26 +38,47 @@ class Fp8Store(LayerStore):
 
     def __init__(self, strategy: Fp8, layer_idx: int, num_layers: int) -> None:
         super().__init__(strategy, layer_idx, num_layers)
-        self.k: Fp8Quant | None = None
-        self.v: Fp8Quant | None = None
+        self.kc, self.vc = ChunkList(), ChunkList()  # pieces: appending never copies the whole payload
         self.dtype: torch.dtype | None = None
         self.decoded_elements = 0
         self.saturated = 0
+        self.work: tuple[WorkingCopy, WorkingCopy] | None = None
+
+    @property
+    def k(self) -> Fp8Quant | None:
+        return self.kc.merged()  # type: ignore[return-value]
+
+    @property
+    def v(self) -> Fp8Quant | None:
+        return self.vc.merged()  # type: ignore[return-value]
 
     def _ingest(self, keys: torch.Tensor, values: torch.Tensor, decoding: bool) -> None:
         self.dtype = keys.dtype
         fmt = self.strategy.format
-        if self.k is None or self.v is None:
+        if not self.kc.pieces or not self.vc.pieces:
             if keys.shape[-2] == 0:
                 return  # nothing to calibrate on yet: the first tokens to arrive set the scales
             ks, vs = fp8_scale(keys, fmt, self.strategy.scale), fp8_scale(values, fmt, self.strategy.scale)
-            (self.k, _), (self.v, _) = quantize_fp8(keys, fmt, ks), quantize_fp8(values, fmt, vs)
-            return
-        (k, sk), (v, sv) = quantize_fp8(keys, fmt, self.k.scale), quantize_fp8(values, fmt, self.v.scale)
-        self.k, self.v = self.k.cat(k), self.v.cat(v)  # type: ignore[assignment]
-        if decoding:
-            self.decoded_elements += keys.numel() + values.numel()
-            self.saturated += sk + sv
+            (k, _), (v, _) = quantize_fp8(keys, fmt, ks), quantize_fp8(values, fmt, vs)
+            if working_copy_enabled(self.strategy):
+                self.work = (WorkingCopy(), WorkingCopy())
+        else:
+            # Every piece carries the same (fixed) scale.
+            scale_k, scale_v = self.kc.pieces[0].scale, self.vc.pieces[0].scale  # type: ignore[attr-defined]
+            (k, sk), (v, sv) = quantize_fp8(keys, fmt, scale_k), quantize_fp8(values, fmt, scale_v)
+            if decoding:
+                self.decoded_elements += keys.numel() + values.numel()
+                self.saturated += sk + sv
+        self.kc.append(k)
+        self.vc.append(v)
+        self._keep(k, v)
+
+    def _keep(self, k: Fp8Quant, v: Fp8Quant) -> None:
+        """Decode only the new tokens into the working copy (if any)."""
+        if self.work is not None:
+            assert self.dtype is not None
+            self.work[0].append(k.dequantize(self.dtype))
+            self.work[1].append(v.dequantize(self.dtype))
 
     def prefill(self, keys: torch.Tensor, values: torch.Tensor, capture: LayerCapture | None) -> None:
         self._ingest(keys, values, decoding=False)
@@ -61,19 +86,29 @@ class Fp8Store(LayerStore):
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self._ingest(keys, values, decoding=True)
         assert self.k is not None and self.v is not None and self.dtype is not None
+        if self.work is not None:
+            return self.work[0].view(), self.work[1].view()
         return self.k.dequantize(self.dtype), self.v.dequantize(self.dtype)
 
     def select_tokens(self, index: torch.Tensor) -> None:
         """Exact: FP8 elements are independent and the scales do not depend on the tokens kept."""
-        if self.k is None or self.v is None:
+        k, v = self.k, self.v
+        if k is None or v is None:
             return  # nothing held yet
-        self.k, self.v = self.k.take(index), self.v.take(index)  # type: ignore[assignment]
+        self.kc.set(k.take(index))
+        self.vc.set(v.take(index))
+        if self.work is not None:
+            for w in self.work:
+                w.replace(gather_tokens(w.view(), index.to(w.view().device), -2))
 
     def tensors(self) -> Iterable[torch.Tensor]:
-        return [t for q in (self.k, self.v) if q is not None for t in q.tensors()]
+        return self.kc.tensors() + self.vc.tensors()
+
+    def scratch_tensors(self) -> Iterable[torch.Tensor]:
+        return [] if self.work is None else [t for w in self.work for t in w.tensors()]
 
     def num_tokens(self) -> int:
-        return 0 if self.k is None else self.k.num_tokens
+        return self.kc.num_tokens
 
     def stats(self) -> dict[str, float]:
         if self.k is None or self.num_tokens() == 0:

@@ -25,7 +25,7 @@ from strategies.base import LayerStore, Strategy, require
 
 
 class Int8Store(QuantizedStore):
-    """Quantized chunks concatenated into one per tensor, so a step dequantizes in one op per tensor."""
+    """Token axis: every token quantized on arrival; channel axis: a group of tokens at a time."""
 
     strategy: Int8
 

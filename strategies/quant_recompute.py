@@ -7,11 +7,13 @@ LM head) over those ids with a fresh ``DynamicCache`` at their original position
 exact because a causal prefix depends on nothing after it, which is why the recomputed segment is
 the *leading* one (the idea behind KV partial recomputation: Jin et al. 2024, "Compute Or Load KV
 Cache? Why Not Both?" (Cake) and KVPR, Jiang et al. 2025). Tokens after the split are stored as
-``bits``-bit integers (KIVI, Liu et al. ICML 2024; KVQuant, Hooper et al. 2024) except the newest
-``residual_tokens``, held exact like KIVI's residual window. The leading tokens are also where
-precision matters most: they include the attention sinks that draw a large share of every query's
-attention (Xiao et al. 2023, "StreamingLLM"), so keeping them exact removes the quantization error
-that attention amplifies most.
+``bits``-bit integers in KIVI's format (Liu et al. ICML 2024): keys per channel — groups of
+``group_size`` tokens within one channel, since key outliers sit in fixed channels — and values per
+token (groups of ``group_size`` channels), except the newest ``residual_tokens``, held exact like KIVI's
+residual window (keys also hold the up to ``group_size - 1`` tokens that do not fill a group yet). The
+leading tokens are also where precision matters most: they include the attention sinks that draw a
+large share of every query's attention (Xiao et al. 2023, "StreamingLLM"), so keeping them exact
+removes the quantization error that attention amplifies most.
 
 Costs, recorded in ``stats()``: recompute FLOPs per step (``2 x linear-params x n`` for the
 projections and MLPs plus ``2 x layers x q_heads x head_dim x n (n + 1)`` for causal attention —
@@ -33,6 +35,7 @@ from torch import nn
 
 from kvbench.errors import KVBenchError
 from kvbench.quantizers import TokenChunk
+from strategies._quantstore import Stream, working_copy_enabled
 from strategies._tiers import (
     StoreGroup,
     join_group,
@@ -108,28 +111,63 @@ def _unwrap(model: Any) -> Any:
 
 
 class QuantRecomputeStore(LayerStore):
-    """Held: segment ids (shared), ``bits``-bit codes of the middle, the exact residual window."""
+    """Held: segment ids (shared), ``bits``-bit codes of the middle, the exact residual window.
+
+    Keys and values are two :class:`strategies._quantstore.Stream` s: keys per channel (groups of
+    ``group_size`` tokens within a channel, KIVI's key format), so the key residual also holds the up to
+    ``group_size - 1`` tokens that do not fill a group yet; values per token (groups of ``group_size``
+    channels), quantized as soon as they leave the ``residual_tokens`` window. With a working copy, its
+    first rows take each step's recomputed segment and the streams' decoded tokens follow.
+    """
 
     def __init__(self, strategy: QuantRecompute, layer_idx: int, num_layers: int) -> None:
         super().__init__(strategy, layer_idx, num_layers)
         self.cfg = strategy
         self.group: StoreGroup = join_group(strategy, self)
         self.segment: Segment | None = None
-        self.qk: TokenChunk | None = None
-        self.residual: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.qv: TokenChunk | None = None
+        self.ks: Stream | None = None
+        self.vs: Stream | None = None
         self.shape: tuple[int, int, int] | None = None
         self.dtype: torch.dtype | None = None
         self.prefix_tokens = 0
         self.steps = 0
         self.errors: dict[str, float] = {}
 
-    def _init(self, keys: torch.Tensor) -> None:
+    @property
+    def qk(self) -> TokenChunk | None:
+        return None if self.ks is None else self.ks.q
+
+    @property
+    def qv(self) -> TokenChunk | None:
+        return None if self.vs is None else self.vs.q
+
+    @property
+    def residual(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.ks is None or self.vs is None or self.ks.r is None or self.vs.r is None:
+            return None
+        return self.ks.r, self.vs.r
+
+    def _encode_keys(self, x: torch.Tensor) -> TokenChunk:
+        return quantize(x, self.cfg.bits, self.cfg.group_size, axis="channel")
+
+    def _encode_values(self, x: torch.Tensor) -> TokenChunk:
+        return quantize(x, self.cfg.bits, self.cfg.group_size)
+
+    def _init(self, keys: torch.Tensor, segment_tokens: int) -> None:
         b, h, _, d = keys.shape
         self.shape, self.dtype = (b, h, d), keys.dtype
         require(d % self.cfg.group_size == 0,
                 f"quant_recompute.group_size={self.cfg.group_size} must divide head_dim={d}; "
                 "valid: a divisor of head_dim among 8, 16, 32, 64, 128, 256")
+        working = working_copy_enabled(self.strategy)
+        r, g = self.cfg.residual_tokens, self.cfg.group_size
+        self.ks = Stream(self._encode_keys, r, g, working, offset=segment_tokens)
+        self.vs = Stream(self._encode_values, r, 1, working, offset=segment_tokens)
+        if working:
+            # Rows for the recomputed segment, overwritten with its exact K/V at every step.
+            for stream, x in ((self.ks, keys), (self.vs, keys)):
+                assert stream.work is not None
+                stream.work.append(x.new_zeros(b, h, segment_tokens, d))
 
     def _bind_segment(self, prefix_tokens: int, n: int) -> Segment:
         seg = self.group.shared.get("segment")
@@ -148,89 +186,73 @@ class QuantRecomputeStore(LayerStore):
         return seg
 
     def prefill(self, keys: torch.Tensor, values: torch.Tensor, capture: LayerCapture | None) -> None:
-        self._init(keys)
         t = keys.shape[-2]
         cfg = self.cfg
         n = t if cfg.recompute_tokens < 0 else min(cfg.recompute_tokens, t)
+        self._init(keys, n)
         self.prefix_tokens = t
         if n:
             self.segment = self._bind_segment(t, n)
-        lo, hi = n, max(n, t - cfg.residual_tokens)
-        if hi > lo:
-            self.qk = quantize(keys[:, :, lo:hi], cfg.bits, cfg.group_size)
-            self.qv = quantize(values[:, :, lo:hi], cfg.bits, cfg.group_size)
-        # Cloned: a slice would keep (and be counted for) the shared prefill's whole storage.
-        self.residual = (keys[:, :, hi:].clone(), values[:, :, hi:].clone())
-        self._measure_errors(keys, values, n, lo, hi)
+        assert self.ks is not None and self.vs is not None
+        # The streams clone what they keep: nothing holds a view of the shared prefill.
+        self.ks.ingest(keys[:, :, n:], attend_first=False)
+        self.vs.ingest(values[:, :, n:], attend_first=False)
+        self._measure_errors(keys, values, n)
 
-    def _measure_errors(self, keys: torch.Tensor, values: torch.Tensor, n: int, lo: int, hi: int) -> None:
+    def _measure_errors(self, keys: torch.Tensor, values: torch.Tensor, n: int) -> None:
         """Accuracy figures: error of what is stored quantized, and the error recomputation avoids."""
-        assert self.dtype is not None
-        if self.qk is not None and self.qv is not None:
-            self.errors["quant_rel_error_k"] = relative_error(self.qk.dequantize(self.dtype), keys[:, :, lo:hi])
-            self.errors["quant_rel_error_v"] = relative_error(self.qv.dequantize(self.dtype),
-                                                              values[:, :, lo:hi])
+        assert self.dtype is not None and self.ks is not None and self.vs is not None
+        for what, stream, x in (("k", self.ks, keys), ("v", self.vs, values)):
+            if stream.q is not None:
+                m = stream.quantized
+                self.errors[f"quant_rel_error_{what}"] = relative_error(stream.q.dequantize(self.dtype),
+                                                                        x[:, :, n:n + m])
         if n:
-            seg_k, seg_v = keys[:, :, :n], values[:, :, :n]
             g, bits = self.cfg.group_size, self.cfg.bits
-            self.errors["segment_quant_rel_error_k"] = relative_error(
-                quantize(seg_k, bits, g).dequantize(self.dtype), seg_k)
+            whole = n // g * g  # per-channel key groups need whole groups of tokens
+            if whole:
+                seg_k = keys[:, :, :whole]
+                self.errors["segment_quant_rel_error_k"] = relative_error(
+                    quantize(seg_k, bits, g, axis="channel").dequantize(self.dtype), seg_k)
+            seg_v = values[:, :, :n]
             self.errors["segment_quant_rel_error_v"] = relative_error(
                 quantize(seg_v, bits, g).dequantize(self.dtype), seg_v)
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.residual is None:  # nothing prefilled: start an empty store
-            self._init(keys)
-            self.residual = (keys[:, :, :0].clone(), values[:, :, :0].clone())
-        assert self.dtype is not None
-        self.residual = (torch.cat([self.residual[0], keys], dim=-2), torch.cat([self.residual[1], values], dim=-2))
-        ks: list[torch.Tensor] = []
-        vs: list[torch.Tensor] = []
-        if self.segment is not None:
-            k, v = self.segment.kv(self.layer_idx, self.steps)
-            ks.append(k.to(self.dtype))
-            vs.append(v.to(self.dtype))
-        if self.qk is not None and self.qv is not None:
-            ks.append(self.qk.dequantize(self.dtype))
-            vs.append(self.qv.dequantize(self.dtype))
+        if self.ks is None or self.vs is None:  # nothing prefilled: start an empty store
+            self._init(keys, 0)
+        assert self.ks is not None and self.vs is not None and self.dtype is not None
         # This step's own tokens are attended exactly (they were just computed); they are quantized
         # for later steps once they leave the residual window.
-        ks.append(self.residual[0])
-        vs.append(self.residual[1])
-        self._spill()
+        k, v = self.ks.ingest(keys, attend_first=True), self.vs.ingest(values, attend_first=True)
+        assert k is not None and v is not None
+        if self.segment is not None:
+            sk, sv = self.segment.kv(self.layer_idx, self.steps)
+            sk, sv = sk.to(self.dtype), sv.to(self.dtype)
+            if self.ks.work is not None and self.vs.work is not None:
+                self.ks.work.write(0, sk)  # k, v are views of these working copies, segment rows first
+                self.vs.work.write(0, sv)
+            else:
+                k, v = torch.cat([sk, k], dim=-2), torch.cat([sv, v], dim=-2)
         self.steps += 1
-        return torch.cat(ks, dim=-2), torch.cat(vs, dim=-2)
-
-    def _spill(self) -> None:
-        """Quantize whatever exceeds the residual window."""
-        assert self.residual is not None
-        k, v = self.residual
-        over = k.shape[-2] - self.cfg.residual_tokens
-        if over <= 0:
-            return
-        qk = quantize(k[:, :, :over], self.cfg.bits, self.cfg.group_size)
-        qv = quantize(v[:, :, :over], self.cfg.bits, self.cfg.group_size)
-        self.qk = qk if self.qk is None else self.qk.cat(qk)
-        self.qv = qv if self.qv is None else self.qv.cat(qv)
-        self.residual = (k[:, :, over:].clone(), v[:, :, over:].clone())
+        return k, v
 
     # -- accounting ------------------------------------------------------------------------------
     def tensors(self) -> Iterable[torch.Tensor]:
         held: list[torch.Tensor] = []
         if self.segment is not None:
             held.append(self.segment.ids)  # the same tensor in every layer: held_bytes counts it once
-        for q in (self.qk, self.qv):
-            if q is not None:
-                held.extend(q.tensors())
-        if self.residual is not None:
-            held.extend(self.residual)
+        for stream in (self.ks, self.vs):
+            if stream is not None:
+                held.extend(stream.tensors())
         return held
+
+    def scratch_tensors(self) -> Iterable[torch.Tensor]:
+        return [t for s in (self.ks, self.vs) if s is not None and s.work is not None for t in s.work.tensors()]
 
     def num_tokens(self) -> int:
         n = 0 if self.segment is None else self.segment.tokens
-        q = 0 if self.qk is None else self.qk.num_tokens
-        r = 0 if self.residual is None else self.residual[0].shape[-2]
-        return n + q + r
+        return n + (0 if self.ks is None else self.ks.num_tokens())
 
     def segment_quant_bytes(self, tokens: int) -> int:
         """Bytes ``tokens`` tokens of K and V take in this cache's ``bits``-bit format (one layer)."""

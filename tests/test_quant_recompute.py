@@ -9,6 +9,7 @@ import strategies
 from kvbench.cache import KVBenchCache
 from kvbench.errors import KVBenchError
 from kvbench.hardware import HardwareProfile
+from kvbench.quantizers import quantize_asymmetric
 from strategies.base import RunContext
 from strategies.quant_recompute import QuantRecomputeStore, recompute_flops
 
@@ -210,3 +211,49 @@ def test_yaml_lists_every_parameter_with_its_default():
     cfg = yaml.safe_load((conf_dir() / "strategy" / "quant_recompute.yaml").read_text())
     assert cfg.pop("name") == "quant_recompute"
     assert cfg == strategies.build("quant_recompute").params()
+
+
+def test_keys_are_quantized_per_channel_values_per_token(tiny_model, tiny_ids):
+    """KIVI's format (issue 15): key groups run along tokens within a channel (a scale per channel per group of
+    G tokens), value groups along channels within a token. Tokens that do not fill a key group wait exact."""
+    keys, values = _prefill(tiny_model, tiny_ids)
+    strategy = _bound(tiny_model, tiny_ids, {"bits": 4, "group_size": 8, "recompute_tokens": 32,
+                                             "residual_tokens": 10})
+    cache = KVBenchCache.from_capture(strategy, tiny_model.config, keys, values)
+    store: QuantRecomputeStore = cache.layers[0].store
+    # 96 - 32 recomputed = 64 stored; values: 54 quantized + 10 exact; keys: 48 (6 whole groups) + 16 exact
+    assert store.qk.axis == "channel" and store.qk.scale.shape == (1, 2, 6, 1, 16)
+    assert store.qv.axis == "token" and store.qv.scale.shape == (1, 2, 54, 2, 1)
+    assert store.residual[0].shape[-2] == 16 and store.residual[1].shape[-2] == 10
+    want = quantize_asymmetric(keys[0][:, :, 32:80], 4, 8, "channel").dequantize(keys[0].dtype)
+    assert torch.equal(store.qk.dequantize(keys[0].dtype), want)
+    # outlier channels: per-channel key groups beat per-token ones on the same tokens
+    k = keys[0][:, :, 32:80].clone()
+    k[..., ::4] *= 20
+    per_channel = quantize_asymmetric(k, 4, 8, "channel").dequantize(k.dtype)
+    per_token = quantize_asymmetric(k, 4, 8, "token").dequantize(k.dtype)
+    assert (per_channel - k).pow(2).mean() < (per_token - k).pow(2).mean()
+    # decoding: keys flush a whole group at a time, values one token at a time
+    with torch.inference_mode():
+        for i in range(5):
+            tiny_model(input_ids=tiny_ids[:, i:i + 1], cache=cache, use_cache=True)
+    assert store.qk.num_tokens == 56 and store.residual[0].shape[-2] == 13
+    assert store.qv.num_tokens == 59 and store.residual[1].shape[-2] == 10
+
+
+def test_working_copy_bit_identical_and_outside_kv_bytes(tiny_model, tiny_ids):
+    """Issue 14 for quant_recompute: the same logits with and without the working copy; kv_bytes unchanged."""
+    keys, values = _prefill(tiny_model, tiny_ids)
+    runs = []
+    for working in (True, False):
+        strategy = strategies.build("quant_recompute", {"group_size": 8, "residual_tokens": 4})
+        strategy.bind(RunContext(model=tiny_model, prefix_ids=tiny_ids, working_copy=working))
+        cache = KVBenchCache.from_capture(strategy, tiny_model.config, keys, values)
+        with torch.inference_mode():
+            logits = [tiny_model(input_ids=tiny_ids[:, i:i + 2], cache=cache, use_cache=True).logits
+                      for i in range(0, 20, 2)]
+        scratch = [t for layer in cache.layers for t in layer.store.scratch_tensors()]
+        runs.append((logits, cache.kv_bytes(), scratch))
+    (a, bytes_a, scratch_a), (b, bytes_b, scratch_b) = runs
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert bytes_a == bytes_b and scratch_a and not scratch_b

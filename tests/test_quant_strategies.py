@@ -136,10 +136,15 @@ def _expected_bytes(name: str, params: dict, t: int, h: int, d: int, decode: int
         return tq * kv + 2 * (tq // p["group_size"]) * h * d * 2 + (t - tq) * kv * 2
     if name in ("int4", "int2"):
         bits, g, r = (4 if name == "int4" else 2), p["group_size"], p["residual_length"]
-        tq = max(0, (t - r) // g * g)
-        key_meta = (tq // g) * h * d * 2 * 2  # scale + zero per channel per token group
-        value_meta = tq * h * (d // min(g, d)) * 2 * 2  # scale + zero per token per channel group
-        return tq * kv * bits // 8 + key_meta + value_meta + (t - tq) * kv * 2
+        if p["residual_layout"] == "kivi":  # keys: all but the last T mod R; values: all but the last R
+            unit = max(1, -(-r // g)) * g  # R rounded up to whole groups (KIVI itself needs R mod G = 0)
+            tk, tv = t - t % unit, max(0, t - r)
+        else:  # both: the oldest whole groups beyond the R newest
+            tk = tv = max(0, (t - r) // g * g)
+        key_meta = (tk // g) * h * d * 2 * 2  # scale + zero per channel per token group
+        value_meta = tv * h * (d // min(g, d)) * 2 * 2  # scale + zero per token per channel group
+        quantized = (tk + tv) * h * d * bits // 8 + key_meta + value_meta
+        return quantized + (2 * t - tk - tv) * h * d * 2
     if name == "fp8":
         scales = 2 * 4 if p["scale"] == "tensor" else 2 * h * d * 4
         return t * kv + scales
@@ -147,8 +152,9 @@ def _expected_bytes(name: str, params: dict, t: int, h: int, d: int, decode: int
         n = min(p["block_size"], d)
         return t * kv * p["mantissa_bits"] // 8 + t * 2 * h * (d // n)
     if name == "channel_sparse" and p["mode"] == "prune":
-        k = round(p["keep_ratio"] * d)
-        return t * h * k * 2 + t * h * d * 2 + h * k * 2
+        k = d - int(d * (1 - p["keep_ratio"]) + 1e-6)
+        pruned = max(0, (t if p["prune_decoded"] else t - decode) - p["recent_window"])
+        return pruned * h * k * 2 + (t - pruned) * h * d * 2 + t * h * d * 2 + h * k * 2
     if name == "channel_sparse":
         k = math.ceil(p["outlier_ratio"] * d)  # d - k stays even for these ratios: no adjustment
         per_tensor = h * d * 2 + t * h * k * 2 + t * h * (d - k) * p["outlier_bits"] // 8 + t * h * 2 * 2
@@ -162,10 +168,15 @@ def _expected_bytes(name: str, params: dict, t: int, h: int, d: int, decode: int
 
 BYTE_CASES = [
     ("int8", {}), ("int8", {"group_size": 32}), ("int8", {"axis": "channel", "group_size": 32}),
-    ("int4", {}), ("int4", {"group_size": 64, "residual_length": 32}), ("int2", {}),
+    ("int4", {}), ("int4", {"group_size": 64, "residual_length": 64}), ("int2", {}),
+    ("int4", {"group_size": 64, "residual_length": 32}), ("int2", {"group_size": 16, "residual_length": 40}),
+    ("int4", {"group_size": 64, "residual_length": 32, "residual_layout": "window"}),
+    ("int2", {"residual_layout": "window"}), ("int4", {"residual_length": 0}),
     ("fp8", {}), ("fp8", {"scale": "channel", "format": "e5m2"}),
     ("bfp", {}), ("bfp", {"mantissa_bits": 4, "block_size": 16}),
     ("channel_sparse", {}), ("channel_sparse", {"keep_ratio": 0.25}), ("channel_sparse", {"mode": "outlier"}),
+    ("channel_sparse", {"keep_ratio": 0.6, "recent_window": 0, "prune_decoded": True}),
+    ("channel_sparse", {"recent_window": 16, "prune_decoded": True}),
     ("channel_sparse", {"mode": "outlier", "outlier_bits": 8, "outlier_ratio": 0.125}),
     ("hf_quantized", {}), ("hf_quantized", {"nbits": 2, "group_size": 32}),
     ("hf_quantized", {"backend": "hqq", "axis_key": 1, "axis_value": 1}),
@@ -188,19 +199,25 @@ def test_measured_bytes_match_the_bit_budget(case: tuple[str, dict]) -> None:
 
 
 def test_int4_reaches_its_bit_budget_at_4k() -> None:
-    """The done criterion: 4096 tokens at SmolLM2's dims over 30 layers, KIVI defaults G=32, R=128."""
+    """The done criterion: 4096 tokens at SmolLM2's dims over 30 layers, KIVI defaults G=32, R=128.
+
+    KIVI's layout: 4096 mod 128 = 0, so every key is quantized; the 128 newest values stay exact."""
     cache = _synthetic_cache("int4", {}, 4096, layers=30)
     reduction = 1 - cache.kv_bytes() / cache.kv_bytes_fp16()
-    # 3968 tokens at 4 + 32/32 bits, 128 residual tokens at 16 bits.
-    assert reduction == pytest.approx(1 - (3968 * 5 + 128 * 16) / (4096 * 16), abs=1e-6)
-    assert 0.65 <= reduction <= 0.69
-    assert cache.stats()["quantized_fraction"] == pytest.approx(3968 / 4096)
+    # keys: 4096 tokens at 4 + 32/32 bits; values: 3968 at 5 bits, 128 exact at 16 bits.
+    assert reduction == pytest.approx(1 - (4096 * 5 + 3968 * 5 + 128 * 16) / (2 * 4096 * 16), abs=1e-6)
+    assert round(100 * reduction, 1) == 67.7
+    assert cache.stats()["quantized_fraction"] == pytest.approx((4096 + 3968) / (2 * 4096))
 
 
 @pytest.mark.parametrize("name, params, reduction", [
-    ("int8", {}, 1 - 8.25 / 16), ("int2", {}, 1 - (3968 * 3 + 128 * 16) / (4096 * 16)),
+    ("int8", {}, 1 - 8.25 / 16), ("int2", {}, 1 - (4096 * 3 + 3968 * 3 + 128 * 16) / (2 * 4096 * 16)),
+    ("int4", {"residual_layout": "window"}, 1 - (3968 * 5 + 128 * 16) / (4096 * 16)),
     ("bfp", {}, 1 - 8.25 / 16), ("bfp", {"mantissa_bits": 4}, 1 - 4.25 / 16),
-    ("fp8", {}, 0.5), ("channel_sparse", {}, 0.25), ("channel_sparse", {"mode": "outlier"}, 1 - 5.25 / 16),
+    # ThinK keeps the 32 newest keys whole: (4064 x 32 + 32 x 64 key columns + 4096 x 64 values) / (2 x 4096 x 64)
+    ("fp8", {}, 0.5), ("channel_sparse", {}, 1 - (4064 * 32 + 32 * 64 + 4096 * 64) / (2 * 4096 * 64)),
+    ("channel_sparse", {"recent_window": 0, "prune_decoded": True}, 0.25),
+    ("channel_sparse", {"mode": "outlier"}, 1 - 5.25 / 16),
 ])
 def test_reductions_at_4k(name: str, params: dict, reduction: float) -> None:
     cache = _synthetic_cache(name, params, 4096, layers=1)
@@ -241,9 +258,38 @@ def test_any_prefill_length_including_zero(name: str) -> None:
 # -- decode-time behaviour -----------------------------------------------------------------------------------
 
 
-def test_kivi_window_rolls_a_group_at_a_time() -> None:
-    """The R most recent tokens stay exact; the residual never holds R + G tokens; chunks stay single."""
-    store = strategies.build("int4", {"group_size": 8, "residual_length": 16}).new_layer(0, 1)
+def test_kivi_layout_exact_tokens_while_decoding() -> None:
+    """KIVI's residual: the last T mod R keys and exactly the R newest values are exact after every step, and
+    each step attends to its own token exactly (KIVI quantizes after attention)."""
+    g, r = 8, 16
+    store = strategies.build("int4", {"group_size": g, "residual_length": r}).new_layer(0, 1)
+    k, v = _kv(30, heads=2, dim=16, dtype=torch.float32)
+    store.prefill(k, v, None)
+    assert store.qk.num_tokens == 16 and store.rk.shape[-2] == 14  # type: ignore[attr-defined]
+    assert store.qv.num_tokens == 14 and store.rv.shape[-2] == 16  # type: ignore[attr-defined]
+    seen_k, seen_v = [k], [v]
+    for step in range(20):
+        nk, nv = _kv(1, heads=2, dim=16, seed=50 + step, dtype=torch.float32)
+        seen_k.append(nk)
+        seen_v.append(nv)
+        held = store.num_tokens()
+        exact_k, exact_v = held % r + 1, min(held, r) + 1  # before this step's flush
+        out_k, out_v = store.append(nk, nv)
+        all_k, all_v = torch.cat(seen_k, dim=-2), torch.cat(seen_v, dim=-2)
+        t = all_k.shape[-2]
+        assert out_k.shape == all_k.shape
+        assert torch.equal(out_k[..., t - exact_k:, :], all_k[..., t - exact_k:, :])
+        assert torch.equal(out_v[..., t - exact_v:, :], all_v[..., t - exact_v:, :])
+        assert not torch.equal(out_k[..., :t - exact_k, :], all_k[..., :t - exact_k, :])
+        assert (out_k - all_k).abs().max() < 0.1 * all_k.abs().max()  # the rest within 4-bit error
+        assert store.rk.shape[-2] == t % r and store.rv.shape[-2] == r  # type: ignore[attr-defined]
+    assert store.num_tokens() == 50
+
+
+def test_window_layout_rolls_a_group_at_a_time() -> None:
+    """residual_layout=window (kvbench's earlier layout): R to R + G - 1 newest K and V exact."""
+    params = {"group_size": 8, "residual_length": 16, "residual_layout": "window"}
+    store = strategies.build("int4", params).new_layer(0, 1)
     k, v = _kv(30, heads=2, dim=16, dtype=torch.float32)
     store.prefill(k, v, None)
     assert store.qk.num_tokens == 8 and store.rk.shape[-2] == 22  # type: ignore[attr-defined]
@@ -261,17 +307,23 @@ def test_kivi_window_rolls_a_group_at_a_time() -> None:
     assert store.num_tokens() == 50
 
 
-def test_decode_dequantizes_one_contiguous_chunk_per_tensor() -> None:
-    """Appending never builds a list of per-token chunks: one quantized chunk per tensor, one residual."""
-    for name, params in [("int8", {}), ("int4", {"group_size": 8, "residual_length": 8}), ("bfp", {})]:
+def test_decode_holds_few_pieces_and_merges_them_exactly() -> None:
+    """Appending never copies the whole quantized chunk nor keeps a list of per-token chunks: pieces merge like a
+    binary counter (O(log T) of them); merged, they are one chunk equal to quantizing every flush at once."""
+    for name, params in [("int8", {}), ("int4", {"group_size": 8, "residual_length": 8}), ("bfp", {}),
+                         ("fp8", {})]:
         store = strategies.build(name, params).new_layer(0, 1)
         store.prefill(*_kv(40, heads=2, dim=16), None)
-        for step in range(12):
+        for step in range(300):
             store.append(*_kv(1, heads=2, dim=16, seed=step))
         tensors = list(store.tensors())
-        # int8/bfp: codes + scales for K and V, two empty residuals; KIVI: codes, scale, zero + residuals
-        assert len(tensors) == (8 if name == "int4" else 6)
-        assert store.qk.num_tokens + store.rk.shape[-2] == 52  # type: ignore[attr-defined]
+        per_piece = {"int8": 2, "bfp": 2, "int4": 3, "fp8": 2}[name]
+        assert len(tensors) <= 2 * per_piece * 10 + 2  # log2(340) < 10 pieces per tensor, plus the residuals
+        assert store.num_tokens() == 340
+        merged_before = held_bytes(store.tensors())
+        k = store.k if name == "fp8" else store.qk  # type: ignore[attr-defined]  # merges the pieces
+        assert k.num_tokens == (340 if name != "int4" else 336)
+        assert held_bytes(store.tensors()) == merged_before  # merging changes no byte
 
 
 def test_fp8_scale_is_fixed_and_saturation_reported() -> None:
@@ -330,8 +382,10 @@ def test_decode_time_eviction_never_re_rounds(name: str, params: dict) -> None:
         nk, nv = _kv(1, heads=2, dim=16, seed=10 + step, dtype=torch.float32)
         original[60 + step] = nk[..., 0, :]
         ids.append(60 + step)
+        before = 0 if store.qk is None else store.qk.num_tokens  # type: ignore[attr-defined]
         out_k, _ = store.append(nk, nv)
-        quantized = store.qk.num_tokens  # type: ignore[attr-defined]
+        # KIVI attends before it flushes: what this step quantized is read exactly one last time.
+        quantized = before if store.attend_before_flush else store.qk.num_tokens  # type: ignore[attr-defined]
         for j, i in enumerate(ids):
             if j >= quantized:
                 assert torch.equal(out_k[..., j, :], original[i])  # the residual is exact
@@ -430,7 +484,9 @@ def test_think_keeps_the_channels_with_most_query_key_energy() -> None:
     k[0, 1, :, [0, 1, 3, 4]] = 3.0  # head 1: keys large where its queries are zero
     q[0, 2:, :, [0, 1, 3, 4]] = 0.0
     q[0, 2:, :, [6, 7, 8, 10]] = 2.0
-    store = strategies.build("channel_sparse", {"keep_ratio": 0.25}).new_layer(0, 1)
+    # every token pruned (kvbench's earlier behaviour; ThinK's recent window is tested in test_parity_quant.py)
+    params = {"keep_ratio": 0.25, "recent_window": 0, "prune_decoded": True}
+    store = strategies.build("channel_sparse", params).new_layer(0, 1)
     store.prefill(k, k.clone(), LayerCapture(layer_idx=0, num_kv_groups=2, scaling=0.25, queries=q))
     assert set(store.kept[0, 0].tolist()) == keep  # type: ignore[attr-defined]
     assert set(store.kept[0, 1].tolist()) == {6, 7, 8, 10}  # type: ignore[attr-defined]
@@ -442,6 +498,46 @@ def test_think_keeps_the_channels_with_most_query_key_energy() -> None:
     want = (q[:, ::2] * mask) @ torch.cat([k, k[..., :1, :]], dim=-2).transpose(-1, -2)
     assert torch.allclose(scores, want)
     assert store.stats()["kept_fraction"] == 0.25
+
+
+@pytest.mark.parametrize("params", [{}, {"window": 8, "recent_window": 0, "prune_decoded": True}])
+def test_think_reads_only_its_own_window_of_a_wider_capture(params: dict) -> None:
+    """Issue 12: the engine captures the widest window of any co-run strategy (h2o: all queries). channel_sparse
+    must score with its own last ``window`` queries only, so its result does not depend on who runs beside it."""
+    window = strategies.build("channel_sparse", params).window  # type: ignore[attr-defined]
+    k, v = _kv(100, heads=2, dim=16)
+    g = torch.Generator().manual_seed(7)
+    wide = torch.randn(1, 6, 100, 16, generator=g).to(torch.bfloat16)
+    wide[..., :-window, 1::2] *= 50  # earlier queries favour other channels: reading them changes the choice
+    results = []
+    for queries in (wide[..., -window:, :], wide):
+        store = strategies.build("channel_sparse", params).new_layer(0, 1)
+        cap = LayerCapture(layer_idx=0, num_kv_groups=3, scaling=0.25, queries=queries,
+                           positions=torch.arange(100)[-queries.shape[-2]:])
+        store.prefill(k, v, cap)
+        results.append((store.kept.clone(), *store.append(*_kv(1, heads=2, dim=16, seed=3))))  # type: ignore
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+
+
+def test_think_inside_compose_ignores_the_evictors_wider_window() -> None:
+    """The same path inside ``compose``: snapkv's 32-query capture, channel_sparse's own window of 4."""
+    k, v = _kv(100, heads=2, dim=16)
+    g = torch.Generator().manual_seed(8)
+    wide = torch.randn(1, 6, 32, 16, generator=g).to(torch.bfloat16)
+    wide[..., :-4, ::2] *= 50
+    composed = strategies.build("compose", {"evict": "snapkv", "quantize": "channel_sparse",
+                                            "quantize_params": {"window": 4}})
+    assert composed.query_window == 32
+    store = composed.new_layer(0, 1)
+    store.prefill(k, v, LayerCapture(layer_idx=0, num_kv_groups=3, scaling=0.25, queries=wide))
+    inner = store.inner  # type: ignore[attr-defined]
+    # The tokens snapkv kept, recovered from the inner store's dense (exact) values.
+    kept = torch.stack([(v[0, h, :, None, :] == inner.values[0, h][None]).all(-1).any(-1).nonzero()[:, 0]
+                        for h in range(2)])[None]
+    alone = strategies.build("channel_sparse", {"window": 4}).new_layer(0, 1)
+    alone.prefill(gather_tokens(k, kept, -2), gather_tokens(v, kept, -2),
+                  LayerCapture(layer_idx=0, num_kv_groups=3, scaling=0.25, queries=wide[..., -4:, :]))
+    assert torch.equal(inner.kept, alone.kept)  # type: ignore[attr-defined]
 
 
 def test_prune_mode_needs_queries_and_outlier_mode_does_not() -> None:
@@ -486,9 +582,8 @@ def test_smollm_quantized_caches_track_full(smollm) -> None:
             kl = torch.nn.functional.kl_div(logits.log_softmax(-1), ref.log_softmax(-1), log_target=True,
                                             reduction="batchmean").item() / 16
             results[name] = (agree, kl, 1 - cache.kv_bytes() / cache.kv_bytes_fp16())
-    t = 512
-    tq = (t - 128) // 32 * 32
-    assert results["int4"][2] == pytest.approx(1 - (tq * 5 + (t - tq) * 16) / (t * 16), abs=1e-6)
+    t = 512  # KIVI's layout: every key (512 mod 128 = 0), all values but the 128 newest, at 5 bits
+    assert results["int4"][2] == pytest.approx(1 - (t * 5 + (t - 128) * 5 + 128 * 16) / (2 * t * 16), abs=1e-6)
     assert results["int8"][2] == pytest.approx(1 - 8.25 / 16, abs=1e-6)
     for name in ("int8", "fp8", "bfp", "int4"):
         assert results[name][0] >= 0.8, (name, results)

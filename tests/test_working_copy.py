@@ -1,0 +1,123 @@
+"""Dequantized working copies (issue 14): quantized stores keep what can no longer change decoded, as harness
+scratch. Attention must read bit-identical K/V with and without it, ``kv_bytes`` must not see it, and
+``scratch_tensors()`` must report it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import strategies
+from kvbench.quantizers import gather_tokens
+from strategies.base import LayerCapture, RunContext, held_bytes
+
+# Every quantized strategy that keeps a working copy, with settings that exercise flushes, rolling windows,
+# ragged channel groups and decode-time pruning within a short run (head_dim 16).
+CASES = [
+    ("int8", {}), ("int8", {"axis": "channel", "group_size": 8}),
+    ("int4", {}), ("int4", {"group_size": 8, "residual_length": 16}),
+    ("int4", {"group_size": 8, "residual_length": 16, "residual_layout": "window"}),
+    ("int2", {"group_size": 8, "residual_length": 8}), ("int2", {"group_size": 8, "residual_length": 0}),
+    ("fp8", {}), ("fp8", {"format": "e5m2", "scale": "channel"}),
+    ("bfp", {}), ("bfp", {"mantissa_bits": 4, "block_size": 8}),
+    ("channel_sparse", {}), ("channel_sparse", {"recent_window": 4, "prune_decoded": True}),
+    ("channel_sparse", {"mode": "outlier"}),
+]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def _case_id(case: tuple[str, dict]) -> str:
+    name, params = case
+    return name + "".join(f"-{k}={v}" for k, v in params.items())
+
+
+def test_every_quantized_strategy_is_covered() -> None:
+    """A new quantization-family strategy must be added to CASES (or shown to hold no working copy)."""
+    covered = {name for name, _ in CASES}
+    family = {n for n in strategies.available() if strategies.strategy_class(n).family == "quantization"}
+    assert family <= covered
+
+
+def _run(name: str, params: dict, working: bool, dtype: torch.dtype, select: bool, batch: int = 2):
+    """Prefill 70 tokens, decode 30 steps (some of 3 tokens), optionally dropping a token every 4th step."""
+    g = torch.Generator().manual_seed(0)
+    strategy = strategies.build(name, params)
+    strategy.bind(RunContext(working_copy=working))
+    store = strategy.new_layer(0, 1)
+
+    def kv(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k = torch.randn(batch, 2, n, 16, generator=g) * 3
+        k[..., ::5] *= 6  # outlier channels
+        return k.to(dtype), torch.randn(batch, 2, n, 16, generator=g).to(dtype)
+
+    q = torch.randn(batch, 4, 8, 16, generator=g).to(dtype)
+    store.prefill(*kv(70), LayerCapture(layer_idx=0, num_kv_groups=2, scaling=0.25, queries=q))
+    outputs, held = [], []
+    for step in range(30):
+        k, v = store.append(*kv(3 if step % 7 == 3 else 1))
+        outputs.append((k.clone(), v.clone()))  # views of the working copy change with later steps
+        held.append(held_bytes(store.tensors()))
+        if select and step % 4 == 1:
+            n = store.num_tokens()
+            keep = torch.tensor([i for i in range(n) if i != 2 + step % (n - 4)])
+            store.select_tokens(keep.expand(batch, 2, -1))
+    return store, outputs, held
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("select", [False, True], ids=["decode", "decode+evict"])
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_working_copy_is_bit_identical_and_not_counted(case: tuple[str, dict], select: bool,
+                                                        dtype: torch.dtype) -> None:
+    name, params = case
+    with_copy, out_a, bytes_a = _run(name, params, True, dtype, select)
+    without, out_b, bytes_b = _run(name, params, False, dtype, select)
+    for step, ((ka, va), (kb, vb)) in enumerate(zip(out_a, out_b, strict=True)):
+        assert torch.equal(ka, kb) and torch.equal(va, vb), step
+    assert bytes_a == bytes_b  # kv_bytes is the format's bytes, whatever scratch is kept
+    scratch = list(with_copy.scratch_tensors())
+    assert scratch and list(without.scratch_tensors()) == []
+    # The scratch holds (at least) the decoded K/V of every held token, and is never part of tensors().
+    held = {t.untyped_storage().data_ptr() for t in with_copy.tensors()}
+    assert not held & {t.untyped_storage().data_ptr() for t in scratch}
+    assert held_bytes(scratch) >= with_copy.num_tokens() * 2 * 2 * 16 * dtype.itemsize * (
+        1 if name == "channel_sparse" and params.get("mode", "prune") == "prune" else 2)
+
+
+@pytest.mark.parametrize("case", [("int4", {}), ("int8", {}), ("fp8", {})], ids=_case_id)
+def test_decode_writes_rows_not_the_whole_prefix(case: tuple[str, dict]) -> None:
+    """The working copy grows in place: over many steps its storage is reallocated only a few times."""
+    name, params = case
+    store = strategies.build(name, params).new_layer(0, 1)
+    store.prefill(torch.randn(1, 2, 256, 16), torch.randn(1, 2, 256, 16), None)
+    storages = set()
+    for _ in range(300):
+        k, _ = store.append(torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16))
+        storages.add(k.untyped_storage().data_ptr())
+    assert len(storages) <= 4  # 256 -> 556 tokens with 25% headroom: a handful of growths, not 300 copies
+
+
+def test_working_copy_defaults_on_and_the_engine_flag_turns_it_off() -> None:
+    for working, want in ((None, True), (True, True), (False, False)):
+        strategy = strategies.build("int4")
+        if working is not None:
+            strategy.bind(RunContext(working_copy=working))
+        store = strategy.new_layer(0, 1)
+        store.prefill(torch.randn(1, 2, 40, 16), torch.randn(1, 2, 40, 16), None)
+        assert bool(list(store.scratch_tensors())) is want
+
+
+def test_select_tokens_keeps_the_decoded_values() -> None:
+    """Dropping tokens gathers the working copy: kept tokens keep exactly the values attention read (with
+    the window layout, which quantizes before attending: under KIVI's own a step reads its flushed tokens
+    exact one last time)."""
+    params = {"group_size": 8, "residual_length": 8, "residual_layout": "window"}
+    store = strategies.build("int4", params).new_layer(0, 1)
+    store.prefill(torch.randn(1, 2, 40, 16), torch.randn(1, 2, 40, 16), None)
+    k, v = store.append(torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16))
+    k, v = k.clone(), v.clone()
+    index = torch.arange(0, 41, 2).expand(1, 2, -1)
+    store.select_tokens(index)
+    k2, v2 = store.append(torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16))
+    assert torch.equal(k2[..., :-1, :], gather_tokens(k, index, -2))
+    assert torch.equal(v2[..., :-1, :], gather_tokens(v, index, -2))
