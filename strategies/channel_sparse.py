@@ -1,12 +1,18 @@
 """``channel_sparse``: channel-level sparse encoding of the cache, in two modes.
 
-``mode=prune`` — ThinK (Xu et al. 2024, "ThinK: Thinner Key Cache by Query-Driven Pruning"): key
-channels differ widely in how much they contribute to q·k. Channel ``c`` of a KV head is scored by
-``||Q[:, c]|| * ||K[:, c]||``, with ``Q`` the post-RoPE queries of the last ``window`` prefill positions
-pooled over the GQA query heads sharing that KV head, and only the top ``keep_ratio`` fraction of key
-channels is stored (kept channel ids + the kept key columns; values stay dense). At attention the
-kept columns are scattered back into zeros, which is exactly pruning those channels from q·k. The same
-channels are kept for decoded tokens. Bits per element: ``16 * (keep_ratio + 1) / 2`` (12 at 0.5).
+``mode=prune`` — ThinK (Xu et al. 2024, "ThinK: Thinner Key Cache by Query-Driven Pruning", §3.2;
+``SalesforceAIResearch/ThinK`` ``ThinK_flash/src/kv_pruning_utils.py``): key channels differ widely in
+how much they contribute to q·k. Channel ``c`` of a KV head is scored by ``||Q[:, c] K[:, c]^T||_F =
+||Q[:, c]|| * ||K[:, c]||``, with ``Q`` the post-RoPE queries of the strategy's own last ``window``
+prefill positions pooled over the GQA query heads sharing that KV head (as kvpress's ``ThinKPress``),
+and the ``floor((1 - keep_ratio) * D)`` lowest-scoring channels are pruned from the prefill's keys
+except the ``recent_window`` most recent ones, which stay whole, as in ThinK. Decoded tokens are not
+pruned either (ThinK's reference appends them to the unpruned part); ``prune_decoded=true`` prunes
+them too, keeping only the ``recent_window`` newest keys whole (``recent_window=0, prune_decoded=true``
+is kvbench's earlier every-token pruning). Held: kept channel ids, the kept key columns of pruned
+tokens, the whole keys of unpruned ones, dense values. At attention the kept columns are scattered
+back into zeros, which is exactly pruning those channels from q·k. Bits per element for a long
+prefix: ``16 * (keep_ratio + 1) / 2`` (12 at 0.5).
 
 ``mode=outlier`` — dense-and-sparse by channel, in the spirit of KVQuant's outlier isolation (Hooper
 et al. 2024) and of KIVI's channel-outlier observation (Liu et al. 2024): per KV head, the
@@ -17,7 +23,9 @@ its range on them. Applied to keys and values alike; decoded tokens reuse the pr
 Bits per element: ``(k * 16 + (D - k) * b + 32) / D`` — 5.25 at D = 64, k = 4, b = 4.
 
 Both modes encode tokens independently, so tokens can be dropped exactly. ``stats()`` reports
-``kept_fraction`` (prune: key channels kept; outlier: channels held in 16 bits).
+``kept_fraction`` (prune: key channels kept; outlier: channels held in 16 bits). Unless the run context
+sets ``working_copy=False``, the keys attention reads (and outlier mode's decoded values) are kept as
+harness scratch, so a step decodes only its new tokens (see ``strategies/_quantstore.py``).
 """
 
 from __future__ import annotations
@@ -25,16 +33,36 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from kvbench.errors import KVBenchError
 from kvbench.quantizers import AsymmetricQuant, check_finite, gather_tokens, quantize_asymmetric
+from strategies._quantstore import WorkingCopy, working_copy_enabled
 from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
 
 MODES = ("prune", "outlier")
 OUTLIER_BITS = (4, 8)
 INDEX_DTYPE = torch.int16  # channel ids are < head_dim; int16 keeps the (token-independent) index small
+
+
+def kept_channels(head_dim: int, keep_ratio: float) -> int:
+    """Channels kept per KV head: ThinK prunes ``int(D * pruning_ratio)``; at least one is kept."""
+    pruned = int(head_dim * (1 - keep_ratio) + 1e-6)  # the epsilon absorbs 1 - r landing an ulp low
+    return max(1, head_dim - pruned)
+
+
+def think_scores(queries: torch.Tensor, keys: torch.Tensor, window: int) -> torch.Tensor:
+    """ThinK's channel score ``||Q[:, c]|| * ||K[:, c]||`` per KV head, ``[b, kv_heads, D]`` float32.
+
+    ``queries`` ``[b, q_heads, w, D]`` are in position order, so the last ``window`` of them are the
+    strategy's own observation window whatever wider window the engine captured for a co-run strategy.
+    """
+    b, h, _, d = keys.shape
+    q = queries[..., -window:, :].float()
+    q = q.reshape(b, h, q.shape[1] // h * q.shape[2], d)  # query heads of one KV head are contiguous
+    return q.norm(dim=-2) * keys.float().norm(dim=-2)
 
 
 def _expand(idx: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -45,18 +73,19 @@ def _expand(idx: torch.Tensor, tokens: int) -> torch.Tensor:
 class _OutlierSplit:
     """One tensor (K or V) as 16-bit outlier channels plus per-token low-bit codes of the other channels."""
 
-    def __init__(self, x: torch.Tensor, ratio: float, bits: int) -> None:
+    def __init__(self, x: torch.Tensor, ratio: float, bits: int, working: bool) -> None:
         d = x.shape[-1]
         per_byte = 8 // bits
         # At least one byte of codes is left, and the packed codes need whole bytes per token.
         k = min(math.ceil(ratio * d), d - per_byte)
         k += (d - k) % per_byte
-        self.k, self.bits = k, bits
+        self.k, self.bits, self.dtype = k, bits, x.dtype
         magnitude = x.abs().amax(dim=-2).float()  # [b, h, d]
         # Outliers first (largest magnitude), then the rest: one permutation serves both directions.
         self.perm = torch.argsort(magnitude, dim=-1, descending=True, stable=True).to(INDEX_DTYPE)
         self.dense: torch.Tensor | None = None
         self.rest: AsymmetricQuant | None = None
+        self.work = WorkingCopy() if working else None
         self.add(x)
 
     def add(self, x: torch.Tensor) -> None:
@@ -70,16 +99,25 @@ class _OutlierSplit:
         else:
             self.dense = torch.cat([self.dense, dense], dim=-2)
             self.rest = self.rest.cat(rest)  # type: ignore[assignment]
+        if self.work is not None:
+            self.work.append(self._decode(dense, rest))
 
-    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        assert self.dense is not None and self.rest is not None
-        combined = torch.cat([self.dense.to(dtype), self.rest.dequantize(dtype)], dim=-1)
+    def _decode(self, dense: torch.Tensor, rest: AsymmetricQuant) -> torch.Tensor:
+        combined = torch.cat([dense.to(self.dtype), rest.dequantize(self.dtype)], dim=-1)
         return torch.empty_like(combined).scatter_(-1, _expand(self.perm, combined.shape[-2]), combined)
+
+    def dequantize(self) -> torch.Tensor:
+        assert self.dense is not None and self.rest is not None
+        if self.work is not None:
+            return self.work.view()
+        return self._decode(self.dense, self.rest)
 
     def take(self, index: torch.Tensor) -> None:
         assert self.dense is not None and self.rest is not None
         self.dense = gather_tokens(self.dense, index, -2)
         self.rest = self.rest.take(index)  # type: ignore[assignment]
+        if self.work is not None:
+            self.work.replace(gather_tokens(self.work.view(), index, -2))
 
     def tensors(self) -> list[torch.Tensor]:
         assert self.dense is not None and self.rest is not None
@@ -87,7 +125,8 @@ class _OutlierSplit:
 
 
 class ChannelSparseStore(LayerStore):
-    """Prune: kept key columns + dense values. Outlier: a :class:`_OutlierSplit` for K and for V."""
+    """Prune: kept key columns of pruned tokens + whole keys of the others + dense values.
+    Outlier: a :class:`_OutlierSplit` for K and for V."""
 
     strategy: ChannelSparse
 
@@ -95,84 +134,142 @@ class ChannelSparseStore(LayerStore):
         super().__init__(strategy, layer_idx, num_layers)
         self.dtype: torch.dtype | None = None
         self.head_dim = 0
-        # prune mode
+        self.working = True
+        # prune mode: held keys are [pruned tokens (kept columns) | whole tokens], in order
         self.kept: torch.Tensor | None = None  # [b, h, k] kept key channel ids, ascending
-        self.keys: torch.Tensor | None = None  # [b, h, T, k]
+        self.keys: torch.Tensor | None = None  # [b, h, Tp, k]
+        self.whole: torch.Tensor | None = None  # [b, h, Tw, D]: the recent window (and decoded tokens)
         self.values: torch.Tensor | None = None  # [b, h, T, D]
+        self.work: WorkingCopy | None = None  # keys as attention reads them
         # outlier mode
         self.ko: _OutlierSplit | None = None
         self.vo: _OutlierSplit | None = None
 
     def _select_channels(self, keys: torch.Tensor) -> torch.Tensor:
-        """ThinK's query-driven channel score, pooled over each KV head's query group."""
+        """ThinK's query-driven channel score over the strategy's own window, pooled over each query group."""
         cap = self.capture
         if cap is None or cap.queries is None:
             raise KVBenchError(
                 "channel_sparse mode=prune scores key channels with captured queries: build the cache with "
                 "KVBenchCache.from_capture(..., captures) or inside cache.attach(model)")
-        b, h, _, d = keys.shape
-        q = cap.queries.float()
-        q = q.reshape(b, h, q.shape[1] // h * q.shape[2], d)  # query heads of one KV head are contiguous
-        score = q.norm(dim=-2) * keys.float().norm(dim=-2)  # [b, h, d]
-        k = max(1, round(self.strategy.keep_ratio * d))
+        score = think_scores(cap.queries, keys, self.strategy.window)
+        k = kept_channels(keys.shape[-1], self.strategy.keep_ratio)
         return torch.topk(score, k, dim=-1).indices.sort(dim=-1).values.to(INDEX_DTYPE)
 
-    def _ingest(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def _scatter(self, pruned: torch.Tensor) -> torch.Tensor:
+        """Kept columns back into zeros: exactly the pruned channels removed from q·k."""
+        assert self.kept is not None
+        b, h, t, _ = pruned.shape
+        full = pruned.new_zeros(b, h, t, self.head_dim)
+        return full.scatter_(-1, _expand(self.kept, t), pruned)
+
+    def _prune_oldest(self) -> None:
+        """Prune the whole keys beyond the ``recent_window`` newest."""
+        assert self.whole is not None and self.keys is not None and self.kept is not None
+        n = self.whole.shape[-2] - self.strategy.recent_window
+        if n <= 0:
+            return
+        start = self.keys.shape[-2]
+        cut = torch.gather(self.whole[..., :n, :], -1, _expand(self.kept, n))
+        self.keys = cut if start == 0 else torch.cat([self.keys, cut], dim=-2)
+        # A copy, not a slice: a slice would keep the whole tensor (maybe the shared prefill) alive.
+        self.whole = self.whole[..., n:, :].clone(memory_format=torch.contiguous_format)
+        if self.work is not None:
+            self.work.write(start, self._scatter(cut))
+
+    def _ingest(self, keys: torch.Tensor, values: torch.Tensor, prefill: bool) -> None:
         self.dtype, self.head_dim = keys.dtype, keys.shape[-1]
-        if keys.shape[-2] == 0 and self.keys is None and self.ko is None:
+        if keys.shape[-2] == 0 and self.values is None and self.ko is None:
             return  # no tokens to choose channels on yet: the first ones to arrive decide
+        if self.ko is None and self.values is None:
+            self.working = working_copy_enabled(self.strategy)
         if self.strategy.mode == "outlier":
             if self.ko is None or self.vo is None:
                 s = self.strategy
-                self.ko = _OutlierSplit(keys, s.outlier_ratio, s.outlier_bits)
-                self.vo = _OutlierSplit(values, s.outlier_ratio, s.outlier_bits)
+                self.ko = _OutlierSplit(keys, s.outlier_ratio, s.outlier_bits, self.working)
+                self.vo = _OutlierSplit(values, s.outlier_ratio, s.outlier_bits, self.working)
             else:
                 self.ko.add(keys)
                 self.vo.add(values)
             return
         if self.kept is None:
-            self.kept = self._select_channels(keys)
-        kept = torch.gather(keys, -1, _expand(self.kept, keys.shape[-2]))
-        if self.keys is None or self.values is None:
+            self.kept = self._select_channels(keys)  # ThinK scores every prefill key, the recent ones too
+            self.keys = keys.new_empty(*keys.shape[:2], 0, self.kept.shape[-1])
+            if self.working:
+                self.work = WorkingCopy()
+        assert self.keys is not None
+        whole = self.whole is not None and self.whole.shape[-2] > 0
+        self.whole = torch.cat([self.whole, keys], dim=-2) if whole else keys  # type: ignore[list-item]
+        if self.work is not None:
+            self.work.append(keys)
+        if prefill or self.strategy.prune_decoded:
+            self._prune_oldest()
+        if self.whole is keys:
+            self.whole = keys.clone(memory_format=torch.contiguous_format)
+        if self.values is None:
             # Copy the dense values: holding the caller's tensor could pin a shared prefill buffer.
-            self.keys, self.values = kept, values.clone(memory_format=torch.contiguous_format)
+            self.values = values.clone(memory_format=torch.contiguous_format)
         else:
-            self.keys = torch.cat([self.keys, kept], dim=-2)
             self.values = torch.cat([self.values, values], dim=-2)
 
     def prefill(self, keys: torch.Tensor, values: torch.Tensor, capture: LayerCapture | None) -> None:
         if capture is not None:
             self.capture = capture
-        self._ingest(keys, values)
+        self._ingest(keys, values, prefill=True)
+
+    def _prune_keys(self) -> torch.Tensor:
+        if self.work is not None:
+            return self.work.view()
+        assert self.keys is not None and self.whole is not None
+        return torch.cat([self._scatter(self.keys), self.whole], dim=-2)
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self._ingest(keys, values)
-        assert self.dtype is not None
+        self._ingest(keys, values, prefill=False)
         if self.ko is not None and self.vo is not None:
-            return self.ko.dequantize(self.dtype), self.vo.dequantize(self.dtype)
-        assert self.keys is not None and self.kept is not None and self.values is not None
-        b, h, t, _ = self.keys.shape
-        full = self.keys.new_zeros(b, h, t, self.head_dim)
-        return full.scatter_(-1, _expand(self.kept, t), self.keys), self.values
+            return self.ko.dequantize(), self.vo.dequantize()
+        assert self.values is not None
+        return self._prune_keys(), self.values
 
     def select_tokens(self, index: torch.Tensor) -> None:
-        """Exact: every token is encoded on its own in both modes."""
+        """Exact: every token is encoded on its own in both modes.
+
+        Prune mode: as in the quantized stores, each head keeps its first ``m`` kept pruned tokens
+        (``m`` the smallest count over heads) pruned; its other kept pruned tokens join the whole keys
+        as the zero-filled keys attention saw, so tensors stay dense and nothing changes value.
+        """
         if self.ko is not None and self.vo is not None:
             self.ko.take(index)
             self.vo.take(index)
-        elif self.keys is not None and self.values is not None:
-            self.keys = gather_tokens(self.keys, index, -2)
-            self.values = gather_tokens(self.values, index, -2)
+            return
+        if self.keys is None or self.values is None or self.whole is None:
+            return
+        index = index.to(device=self.values.device, dtype=torch.long)
+        pruned = self.keys.shape[-2]
+        m = int((index < pruned).sum(-1).min()) if index.numel() else 0
+        spill = index[..., m:]
+        if bool((spill < pruned).any()):
+            whole = gather_tokens(self._prune_keys(), spill, -2)
+        else:
+            whole = gather_tokens(self.whole, spill - pruned, -2)
+        if self.work is not None:
+            self.work.replace(gather_tokens(self.work.view(), index, -2))
+        self.keys = gather_tokens(self.keys, index[..., :m], -2)
+        self.whole = whole
+        self.values = gather_tokens(self.values, index, -2)
 
     def tensors(self) -> Iterable[torch.Tensor]:
         if self.ko is not None and self.vo is not None:
             return self.ko.tensors() + self.vo.tensors()
-        return [t for t in (self.kept, self.keys, self.values) if t is not None]
+        return [t for t in (self.kept, self.keys, self.whole, self.values) if t is not None]
+
+    def scratch_tensors(self) -> Iterable[torch.Tensor]:
+        works = [self.work] + [s.work for s in (self.ko, self.vo) if s is not None]
+        return [t for w in works if w is not None for t in w.tensors()]
 
     def num_tokens(self) -> int:
         if self.ko is not None and self.ko.dense is not None:
             return self.ko.dense.shape[-2]
-        return 0 if self.keys is None else self.keys.shape[-2]
+        return 0 if self.values is None else self.values.shape[-2]
 
     def stats(self) -> dict[str, float]:
         t = self.num_tokens()
@@ -185,8 +282,11 @@ class ChannelSparseStore(LayerStore):
             assert self.kept is not None
             kept, shape = self.kept.shape[-1], self.kept.shape
         elements = 2 * shape[0] * shape[1] * self.head_dim * t
-        return {"kept_fraction": kept / self.head_dim,
-                "bits_per_element": 8 * held_bytes(self.tensors()) / elements}
+        out = {"kept_fraction": kept / self.head_dim,
+               "bits_per_element": 8 * held_bytes(self.tensors()) / elements}
+        if self.keys is not None:
+            out["pruned_token_fraction"] = self.keys.shape[-2] / t
+        return out
 
 
 @dataclass
@@ -198,11 +298,13 @@ class ChannelSparse(Strategy):
     mode: str = "prune"
     keep_ratio: float = 0.5
     window: int = 32
+    recent_window: int = 32
+    prune_decoded: bool = False
     outlier_ratio: float = 0.0625
     outlier_bits: int = 4
 
     @property
-    def query_window(self) -> int | None:
+    def query_window(self) -> int | None:  # type: ignore[override]
         # Only prune mode reads queries; outlier mode spares the engine the capture.
         return self.window if self.mode == "prune" else 0
 
@@ -213,6 +315,10 @@ class ChannelSparse(Strategy):
                 f"channel_sparse.keep_ratio must be in (0, 1] (got {self.keep_ratio})")
         require(isinstance(self.window, int) and self.window >= 1,
                 f"channel_sparse.window must be an integer >= 1 (got {self.window})")
+        require(isinstance(self.recent_window, int) and self.recent_window >= 0,
+                f"channel_sparse.recent_window must be an integer >= 0 (got {self.recent_window})")
+        require(isinstance(self.prune_decoded, bool),
+                f"channel_sparse.prune_decoded must be true or false (got {self.prune_decoded!r})")
         require(0 <= self.outlier_ratio < 1,
                 f"channel_sparse.outlier_ratio must be in [0, 1) (got {self.outlier_ratio})")
         require(self.outlier_bits in OUTLIER_BITS,
@@ -221,3 +327,29 @@ class ChannelSparse(Strategy):
 
     def new_layer(self, layer_idx: int, num_layers: int) -> LayerStore:
         return ChannelSparseStore(self, layer_idx, num_layers)
+
+    @classmethod
+    def reference(cls, keys: torch.Tensor, values: torch.Tensor, capture: LayerCapture | None = None,
+                  **params: Any) -> dict[str, Any] | None:
+        """ThinK's prefill (``SalesforceAIResearch/ThinK`` ``ThinK_flash/src/kv_pruning_utils.py``,
+        ``key_pruner_query_driven``): the keys attention reads next. ``None`` for outlier mode (no reference).
+
+        Written from the reference, not from the store: score = mean over the last ``window`` queries of
+        ``q_c**2`` (averaged over a KV head's query group, as kvpress's ``ThinKPress`` does for GQA) times
+        the mean over all prefill keys of ``k_c**2``; the ``int(D * (1 - keep_ratio))`` lowest channels
+        are zeroed in every key but the last ``recent_window``.
+        """
+        p = cls(**params)
+        if p.mode != "prune" or capture is None or capture.queries is None:
+            return None
+        b, h, t, d = keys.shape
+        q = capture.queries[..., -p.window:, :].float()
+        q_energy = q.pow(2).mean(dim=2).view(b, h, -1, d).mean(dim=2)
+        score = q_energy * keys.float().pow(2).mean(dim=2)
+        pruned = torch.topk(score, d - kept_channels(d, p.keep_ratio), dim=-1, largest=False).indices
+        keep = torch.ones(b, h, d, dtype=torch.bool, device=keys.device).scatter_(-1, pruned, False)
+        cut = max(t - p.recent_window, 0)
+        pruned_keys = keys[..., :cut, :].masked_fill(~keep[:, :, None, :], 0)
+        return {"keys": torch.cat([pruned_keys, keys[..., cut:, :]], dim=-2), "values": values,
+                "kept_channels": keep,
+                "source": "SalesforceAIResearch/ThinK ThinK_flash/src/kv_pruning_utils.py (key_pruner_query_driven)"}
