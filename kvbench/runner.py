@@ -22,15 +22,9 @@ from strategies.base import Strategy
 
 
 def strategy_params(cfg: DictConfig | dict) -> dict[str, Any]:
+    """A composed ``strategy`` node as build parameters (everything but ``name``)."""
     data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     return {k: v for k, v in data.items() if k != "name"}
-
-
-def _strategy_yaml(name: str) -> dict[str, Any]:
-    from kvbench.config import conf_dir
-
-    path = conf_dir() / "strategy" / f"{name}.yaml"
-    return yaml.safe_load(path.read_text()) if path.is_file() else {"name": name}
 
 
 def _param_names(name: str) -> set[str]:
@@ -40,21 +34,36 @@ def _param_names(name: str) -> set[str]:
 
 
 def resolve_strategies(cfg: DictConfig) -> list[Strategy]:
-    """``strategies=[...]`` (YAML defaults) or the single ``strategy`` group, with ``full`` first."""
+    """``strategies=[...]`` (dataclass defaults, then ``strategies_params``) or the single ``strategy`` group,
+    with ``full`` first.
+
+    ``strategies_params.<param>`` applies to every listed strategy that has the parameter;
+    ``strategies_params.<strategy>.<param>`` to that strategy only (and wins over the shared one)."""
+    from kvbench.config import strategy_params as configured
+
     if cfg.get("strategies"):
-        shared = dict(cfg.get("strategies_params") or {})
-        specs = []
-        for n in cfg.strategies:
-            params = strategy_params(_strategy_yaml(n))
-            # A shared override applies to every listed strategy that has that parameter.
-            params.update({k: v for k, v in shared.items() if k in _param_names(n)})
-            specs.append((n, params))
-        unused = set(shared) - {k for n in cfg.strategies for k in _param_names(n)}
+        names = [str(n) for n in cfg.strategies]
+        raw = cfg.get("strategies_params")
+        given = OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else dict(raw or {})
+        for n in names:
+            strategy_registry.strategy_class(n)  # unknown names first, with the valid ones
+        own = {k: v for k, v in given.items() if k in names and isinstance(v, dict)}
+        shared = {k: v for k, v in given.items() if k not in own}
+        for key in shared:
+            if key in strategy_registry.available():
+                raise KVBenchError(f"strategies_params.{key} names strategy {key!r}, which is not in "
+                                   f"strategies=[{','.join(names)}]")
+        unused = set(shared) - {k for n in names for k in _param_names(n)}
         if unused:
             raise KVBenchError(f"strategies_params {', '.join(sorted(unused))} matches no parameter of "
-                               f"{', '.join(cfg.strategies)}")
+                               f"{', '.join(names)}; per strategy: strategies_params.<strategy>.<param>")
+        specs = []
+        for n in names:
+            params = {k: v for k, v in shared.items() if k in _param_names(n)}
+            params.update(own.get(n, {}))
+            specs.append((n, configured(n, params)))
     else:
-        specs = [(cfg.strategy.name, strategy_params(cfg.strategy))]
+        specs = [(str(cfg.strategy.name), strategy_params(cfg.strategy))]
     built = [strategy_registry.build(name, params) for name, params in specs]
     labels: set[str] = set()
     unique = []
@@ -143,9 +152,11 @@ def _run_with_progress(engine: Engine, samples: list[Sample], strategies: list[S
 
 
 def validate_cfg(cfg: DictConfig) -> None:
+    """Checks that need no model: engine settings, sample count, and every strategy built from its parameters."""
     if cfg.engine.prefill not in ("shared", "chunked"):
         raise KVBenchError(f"unknown engine.prefill {cfg.engine.prefill!r}; valid: shared, chunked")
     if cfg.engine.prefill == "chunked" and int(cfg.engine.chunk_tokens) < 1:
         raise KVBenchError(f"engine.chunk_tokens must be >= 1 (got {cfg.engine.chunk_tokens})")
     if int(cfg.task.get("n_samples", 1)) < 1:
         raise KVBenchError(f"task.n_samples must be >= 1 (got {cfg.task.n_samples})")
+    resolve_strategies(cfg)
