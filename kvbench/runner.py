@@ -10,10 +10,8 @@ import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-import strategies as strategy_registry
 from kvbench import SPEC_VERSION
 from kvbench.engine import Engine, check_lengths, run_samples
-from kvbench.errors import KVBenchError
 from kvbench.models import load_model
 from kvbench.report import print_table, summarize
 from kvbench.results import RunStore, environment, stable_hash
@@ -23,55 +21,16 @@ from strategies.base import Strategy
 
 def strategy_params(cfg: DictConfig | dict) -> dict[str, Any]:
     """A composed ``strategy`` node as build parameters (everything but ``name``)."""
-    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    return {k: v for k, v in data.items() if k != "name"}
+    from kvbench.config import node_params
 
-
-def _param_names(name: str) -> set[str]:
-    import dataclasses
-
-    return {f.name for f in dataclasses.fields(strategy_registry.strategy_class(name))}  # type: ignore[arg-type]
+    return node_params(cfg)
 
 
 def resolve_strategies(cfg: DictConfig) -> list[Strategy]:
-    """``strategies=[...]`` (dataclass defaults, then ``strategies_params``) or the single ``strategy`` group,
-    with ``full`` first.
+    """The strategies a job runs, ``full`` first (:func:`kvbench.config.resolve_strategies`)."""
+    from kvbench.config import resolve_strategies as resolve
 
-    ``strategies_params.<param>`` applies to every listed strategy that has the parameter;
-    ``strategies_params.<strategy>.<param>`` to that strategy only (and wins over the shared one)."""
-    from kvbench.config import strategy_params as configured
-
-    if cfg.get("strategies"):
-        names = [str(n) for n in cfg.strategies]
-        raw = cfg.get("strategies_params")
-        given = OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else dict(raw or {})
-        for n in names:
-            strategy_registry.strategy_class(n)  # unknown names first, with the valid ones
-        own = {k: v for k, v in given.items() if k in names and isinstance(v, dict)}
-        shared = {k: v for k, v in given.items() if k not in own}
-        for key in shared:
-            if key in strategy_registry.available():
-                raise KVBenchError(f"strategies_params.{key} names strategy {key!r}, which is not in "
-                                   f"strategies=[{','.join(names)}]")
-        unused = set(shared) - {k for n in names for k in _param_names(n)}
-        if unused:
-            raise KVBenchError(f"strategies_params {', '.join(sorted(unused))} matches no parameter of "
-                               f"{', '.join(names)}; per strategy: strategies_params.<strategy>.<param>")
-        specs = []
-        for n in names:
-            params = {k: v for k, v in shared.items() if k in _param_names(n)}
-            params.update(own.get(n, {}))
-            specs.append((n, configured(n, params)))
-    else:
-        specs = [(str(cfg.strategy.name), strategy_params(cfg.strategy))]
-    built = [strategy_registry.build(name, params) for name, params in specs]
-    labels: set[str] = set()
-    unique = []
-    for s in [strategy_registry.build("full")] + built:
-        if s.label() not in labels:
-            labels.add(s.label())
-            unique.append(s)
-    return unique
+    return resolve(cfg)
 
 
 def _hardware(cfg: DictConfig) -> tuple[Any, str]:
@@ -152,11 +111,7 @@ def _run_with_progress(engine: Engine, samples: list[Sample], strategies: list[S
 
 
 def validate_cfg(cfg: DictConfig) -> None:
-    """Checks that need no model: engine settings, sample count, and every strategy built from its parameters."""
-    if cfg.engine.prefill not in ("shared", "chunked"):
-        raise KVBenchError(f"unknown engine.prefill {cfg.engine.prefill!r}; valid: shared, chunked")
-    if cfg.engine.prefill == "chunked" and int(cfg.engine.chunk_tokens) < 1:
-        raise KVBenchError(f"engine.chunk_tokens must be >= 1 (got {cfg.engine.chunk_tokens})")
-    if int(cfg.task.get("n_samples", 1)) < 1:
-        raise KVBenchError(f"task.n_samples must be >= 1 (got {cfg.task.n_samples})")
-    resolve_strategies(cfg)
+    """Checks that need no model (:func:`kvbench.config.validate_cfg`)."""
+    from kvbench.config import validate_cfg as validate
+
+    validate(cfg)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
+import sys
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = ["LayerCapture", "LayerStore", "Strategy", "available", "build", "stra
 ENTRY_POINT_GROUP = "kvbench.strategies"
 _REGISTRY: dict[str, type[Strategy]] = {}
 _PLUGINS_SEEN: set[str] = set()
+_SCANNED_PATH: list[tuple[str, ...]] = []  # sys.path at the last entry-point scan
 
 
 def _is_strategy(obj: Any) -> bool:
@@ -44,8 +46,12 @@ def _discover() -> None:
 
 
 def _discover_plugins() -> None:
-    """Entry points of group ``kvbench.strategies`` (read again each call: a package may be installed, or put on
-    ``sys.path``, after the first look). A plugin cannot replace a built-in strategy."""
+    """Entry points of group ``kvbench.strategies``, scanned again whenever ``sys.path`` has changed (a package
+    put on it after the first look). A plugin cannot replace a built-in strategy."""
+    path = tuple(sys.path)
+    if _SCANNED_PATH and _SCANNED_PATH[0] == path:
+        return
+    _SCANNED_PATH[:] = [path]
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         key = f"{ep.name}={ep.value}"
         if key in _PLUGINS_SEEN:
