@@ -248,7 +248,11 @@ def register_configs() -> None:
         cs.store(name="kvbench_schema", node=top)
         _REGISTERED.add("kvbench_schema")
     yaml_dir = conf_dir()
-    for name in strategies.available():
+    current = set(strategies.available())
+    for key in [k for k in _REGISTERED if k.startswith("strategy/") and k.split("/", 1)[1] not in current]:
+        _forget(cs, key.split("/", 1)[1])  # a plugin no longer on sys.path
+        _REGISTERED.discard(key)
+    for name in sorted(current):
         key = f"strategy/{name}"
         if key in _REGISTERED:
             continue
@@ -264,6 +268,14 @@ def register_configs() -> None:
             continue
         cs.store(group="schema/task", name=name, node=task_node(name, defaults))
         _REGISTERED.add(key)
+
+
+def _forget(cs: Any, name: str) -> None:
+    for group in (("strategy",), ("schema", "strategy")):
+        node = cs.repo
+        for part in group:
+            node = node.get(part, {})
+        node.pop(f"{name}.yaml", None)
 
 
 # -- composing and checking overrides ----------------------------------------------------------------------
@@ -317,6 +329,12 @@ def parse_jobs(overrides: list[str], multirun: bool, loader: Any = None) -> list
     if sweeps and not multirun:
         raise KVBenchError(f"{sweeps[0]} is a sweep: add -m to run one job per value (python -m kvbench -m "
                            f"{sweeps[0]}), or write a list as key=[a,b]")
+    for o in parsed:
+        if o.is_sweep_override() and "glob" in o.input_line and loader is not None and not list(o.sweep_iterator()):
+            valid = ", ".join(group_options(o.key_or_group)) if o.key_or_group in GROUPS else "(none)"
+            raise KVBenchError(f"{o.input_line} matches no {o.key_or_group}; valid: {valid}")
+    if not multirun:  # one job, its overrides applied in order as given (a later one may fail on an earlier)
+        return [[o.input_line for o in parsed]]
     try:
         return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
     except HydraException as exc:
@@ -427,8 +445,9 @@ def explain(exc: BaseException, overrides: list[str]) -> str:
 
 def _value_error(cause: BaseException) -> str:
     first = _first_line(cause)
-    for kind, word in (("Integer", "an integer"), ("Float", "a number"), ("Boolean", "true or false")):
-        if f"converted to {kind}" in first:
+    for marker, word in (("converted to Integer", "an integer"), ("converted to Float", "a number"),
+                         ("not a valid bool", "true or false")):
+        if marker in first:
             return f"expected {word}"
     return first
 

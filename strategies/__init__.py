@@ -25,7 +25,7 @@ __all__ = ["LayerCapture", "LayerStore", "Strategy", "available", "build", "stra
 
 ENTRY_POINT_GROUP = "kvbench.strategies"
 _REGISTRY: dict[str, type[Strategy]] = {}
-_PLUGINS_SEEN: set[str] = set()
+_PLUGINS: dict[str, str] = {}  # entry point -> the strategy name it registered
 _SCANNED_PATH: list[tuple[str, ...]] = []  # sys.path at the last entry-point scan
 
 
@@ -54,9 +54,8 @@ def _discover_plugins() -> None:
     _SCANNED_PATH[:] = [path]
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         key = f"{ep.name}={ep.value}"
-        if key in _PLUGINS_SEEN:
+        if _PLUGINS.get(key) in _REGISTRY:
             continue
-        _PLUGINS_SEEN.add(key)
         try:
             obj = ep.load()
         except Exception as exc:  # a broken plugin must not take the built-in strategies down with it
@@ -67,6 +66,7 @@ def _discover_plugins() -> None:
             raise KVBenchError(f"strategy plugin {ep.value!r} reuses the name {obj.name!r} of "
                                f"{_REGISTRY[obj.name].__module__}; rename it")
         _REGISTRY[obj.name] = obj
+        _PLUGINS[key] = obj.name
 
 
 def available() -> list[str]:
