@@ -5,18 +5,36 @@ cache API only ever sees keys and values. The hook recomputes the queries of the
 positions from the attention module's own ``q_proj`` and the rotary embeddings the model passes in,
 so no T x T attention matrix is ever materialised. It works for Llama-family attention modules
 (``q_proj``, ``head_dim``, ``num_key_value_groups``, ``scaling``; optional ``q_norm``).
+
+:class:`LayerCapture` lives here, in kvbench's core, so that ``strategies`` imports ``kvbench`` and never the
+reverse (``strategies.base`` re-exports it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from strategies.base import LayerCapture
+
+@dataclass
+class LayerCapture:
+    """What one attention layer exposed during the last forward pass.
+
+    ``queries`` are post-RoPE queries ``[batch, q_heads, window, head_dim]`` of the last ``window``
+    positions of that forward (all positions when the window is ``None``); ``positions`` are their
+    absolute token positions.
+    """
+
+    layer_idx: int
+    num_kv_groups: int
+    scaling: float
+    queries: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:

@@ -1,6 +1,6 @@
 """Command line: ``python -m kvbench [hydra overrides]`` runs a benchmark; ``kvbench calc|hardware|leaderboard|
 lmeval|sweep ...`` dispatch to their own tools. Bad input ends with one line on stderr and exit status 2, never a
-traceback."""
+traceback, and nothing written: every job of a (multi)run is composed and checked before the first one starts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import hydra
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from kvbench.config import check_overrides, conf_dir
+from kvbench.config import check_overrides, conf_dir, group_options, register_configs
 from kvbench.errors import KVBenchError
 
 SUBCOMMANDS = {
@@ -22,6 +22,16 @@ SUBCOMMANDS = {
     "lmeval": "kvbench.lmeval",
     "sweep": "kvbench.sweep",
 }
+SUBCOMMAND_HELP = {
+    "calc": "KV-cache size and time for any model/context/hardware, from the formulas (`kvbench calc claim`)",
+    "hardware": "measure this machine into a hardware profile (`kvbench hardware probe`)",
+    "leaderboard": "tables, claim check and plots from the result store",
+    "lmeval": "lm-evaluation-harness with a compressed cache",
+    "sweep": "a named grid (conf/sweep/*.yaml) as Hydra multiruns, with a time projection (--dry-run)",
+}
+
+# Registered at import: launchers that run jobs in other processes (joblib, submitit, Ray) compose there too.
+register_configs()
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -45,6 +55,32 @@ def _hydra_entry() -> Callable[[], None]:
     return hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(_job)
 
 
+def help_text() -> str:
+    groups = "\n".join(f"  {g:<9} {', '.join(group_options(g))}" for g in ("strategy", "task", "model", "hardware"))
+    tools = "\n".join(f"  kvbench {name:<12} {text}" for name, text in SUBCOMMAND_HELP.items())
+    return f"""kvbench: benchmark KV-cache strategies (quantization, eviction, tiering, recompute) for memory, latency
+and accuracy on long documents.
+
+Run a benchmark (Hydra overrides; `full` is always run as the baseline):
+  python -m kvbench strategy=int8 task=legal
+  python -m kvbench strategies=[int8,snapkv] strategies_params.snapkv.compression_ratio=0.75 task=papers
+  python -m kvbench -m strategy=int8,int4 task=legal,papers      # multirun: one job per combination
+  python -m kvbench -m 'strategy=glob(int*)' 'task.context_tokens=range(1024,4097,1024)'
+
+Groups (select with group=name, override settings with group.key=value):
+{groups}
+Other keys: seed, results_dir, engine.prefill (shared|chunked), engine.chunk_tokens, engine.warmup,
+  engine.reuse_baseline, engine.progress, strategies, strategies_params.
+
+Tools:
+{tools}
+  (`kvbench <tool> --help` for each)
+
+Flags: -m/--multirun, --cfg job (print the composed config), --info, --hydra-help (Hydra's own flags).
+Docs: README.md, docs/ (checklists for adding a strategy, task, metric or hardware profile: docs/checklists/).
+"""
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
@@ -53,12 +89,17 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(module.main(argv[1:]))
         except KVBenchError as exc:
             fail(str(exc))
-    try:
-        check_overrides(argv)
-    except KVBenchError as exc:
-        fail(str(exc))
-    # strategies_params is an open dict: its keys are new to Hydra's struct config, so add them with `++`.
-    argv = [f"++{a}" if a.startswith("strategies_params.") else a for a in argv]
+    if "--help" in argv or "-h" in argv:
+        print(help_text())
+        raise SystemExit(0)
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(argv)
+    if not (args.hydra_help or args.info or args.shell_completion):
+        try:
+            check_overrides(args.overrides, multirun=args.multirun)
+        except KVBenchError as exc:
+            fail(str(exc))
     sys.argv = [sys.argv[0], *argv]
     _hydra_entry()()
 

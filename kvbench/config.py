@@ -1,12 +1,64 @@
-"""Locating and checking the Hydra configuration tree (``conf/`` in a checkout, ``kvbench/conf`` in a wheel)."""
+"""kvbench's Hydra configuration, with one source of truth for every default, type and check.
+
+* A strategy's parameters, defaults and types are its dataclass fields (``strategies/<name>.py``); its values
+  are checked by its ``validate()``. They are registered in Hydra's ConfigStore as the typed node
+  ``schema/strategy/<name>``; ``conf/strategy/<name>.yaml`` only pulls that node in (and documents it).
+  A strategy from another package (entry point ``kvbench.strategies``) has no YAML and is registered as
+  ``strategy/<name>`` directly.
+* A task's settings are its module's ``<NAME>_DEFAULTS`` dict (``kvbench/tasks/<name>.py``), registered as
+  ``schema/task/<name>``, typed from the default values; ``conf/task/<name>.yaml`` adds only required keys
+  (``???``) and comments.
+* Top-level keys (``seed``, ``results_dir``, ``engine.*``, ``strategies``, ``strategies_params``) are
+  :class:`KVBenchConfig` below, registered as ``kvbench_schema``.
+
+Every override is parsed by Hydra (sweeps, ``choice``, ``range``, ``glob`` included); :func:`check_overrides`
+composes each job before anything runs and turns Hydra's multi-line errors into one :class:`KVBenchError` line.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import importlib
+import types
+import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Dict, List, Optional, Union  # noqa: UP035  (OmegaConf reads these typing forms)
 
 from kvbench.errors import KVBenchError
 
 GROUPS = ("strategy", "task", "model", "hardware")
+
+
+@dataclass
+class EngineConfig:
+    prefill: str = "shared"       # shared: one exact prefill per sample shared by all strategies; chunked: lower peak
+    chunk_tokens: int = 512       # chunk size for engine.prefill=chunked
+    warmup: bool = True           # one short forward before timing anything
+    reuse_baseline: bool = True   # reuse stored `full` results keyed by everything that determines them
+    progress: bool = True
+
+
+@dataclass
+class KVBenchConfig:
+    """The top-level keys; the groups (model, task, strategy, hardware) are filled in by the defaults list."""
+
+    model: Any = None
+    task: Any = None
+    strategy: Any = None
+    hardware: Any = None
+    # Several strategies sharing each prefill, e.g. strategies=[int8,snapkv]; replaces `strategy`. `full` is
+    # always added and runs first.
+    strategies: Optional[List[str]] = None  # noqa: UP006, UP045
+    # Overrides for `strategies`: strategies_params.compression_ratio=0.75 (every listed strategy that has the
+    # parameter) or strategies_params.snapkv.window_size=16 (one listed strategy).
+    strategies_params: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
+    seed: int = 0
+    results_dir: str = "results"  # run directories and the parquet store go here
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
 
 def conf_dir() -> Path:
@@ -19,57 +71,472 @@ def conf_dir() -> Path:
 
 
 def group_options(group: str) -> list[str]:
+    """Selectable names of a config group (strategies include those registered by other packages)."""
+    if group == "strategy":
+        import strategies
+
+        return strategies.available()
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
 
 
-def check_overrides(overrides: list[str]) -> None:
-    """Reject unknown group choices up front with one line naming the valid ones (Hydra's own error is
-    several lines long), and unknown names inside ``strategies=[...]``."""
-    chosen = {"strategy": _default_choice("strategy")}
-    for arg in overrides:
-        if "=" in arg and arg.split("=", 1)[0] == "strategy":
-            chosen["strategy"] = arg.split("=", 1)[1]
-    for arg in overrides:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        key, value = arg.split("=", 1)
-        key = key.lstrip("+~")
-        if key.startswith("strategy.") and "," not in chosen["strategy"]:
-            _check_strategy_param(chosen["strategy"], key.split(".", 1)[1])
-        if key in GROUPS:
-            valid = group_options(key)
-            for choice in value.split(","):  # multirun: strategy=a,b
-                if choice not in valid:
-                    raise KVBenchError(f"unknown {key} {choice!r}; valid: {', '.join(valid)}")
-        elif key == "strategies":
-            import strategies
-
-            names = [v.strip() for v in value.strip("[]").split(",") if v.strip()]
-            if not names:
-                raise KVBenchError("strategies=[...] needs at least one name; valid: "
-                                   + ", ".join(strategies.available()))
-            for n in names:
-                strategies.strategy_class(n)
+# -- schemas generated from the dataclasses ----------------------------------------------------------------
+_SIMPLE = (int, float, bool, str)
 
 
-def _default_choice(group: str) -> str:
+def _config_type(hint: Any) -> Any:
+    """An annotation as a type OmegaConf can check (``Any`` for what it cannot)."""
+    origin = typing.get_origin(hint)
+    if hint in _SIMPLE:
+        return hint
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and args[0] in _SIMPLE and len(typing.get_args(hint)) == 2:
+            return Optional[args[0]]  # noqa: UP045
+        return Any
+    if origin is typing.Literal:
+        kinds = {type(a) for a in typing.get_args(hint)}
+        return kinds.pop() if len(kinds) == 1 and next(iter(kinds)) in _SIMPLE else Any
+    if hint is dict or origin is dict:
+        return Dict[str, Any]  # noqa: UP006
+    if hint is list or origin in (list, tuple):
+        return List[Any]  # noqa: UP006
+    return Any
+
+
+def _value_type(value: Any) -> Any:
+    if isinstance(value, bool):
+        return bool
+    if isinstance(value, (int, float, str)):
+        return type(value)
+    if isinstance(value, dict):
+        return Dict[str, Any]  # noqa: UP006
+    if isinstance(value, (list, tuple)):
+        kinds = {type(v) for v in value}
+        return List[kinds.pop()] if len(kinds) == 1 and next(iter(kinds)) in _SIMPLE else List[Any]  # noqa: UP006
+    return Any
+
+
+def _node(title: str, fields: list[tuple[str, Any, Any]]) -> Any:
+    """A typed OmegaConf node of ``(name, type, default)``; dict fields stay open to new keys (no ``+``)."""
+    from omegaconf import OmegaConf
+
+    specs = []
+    for name, kind, default in fields:
+        if isinstance(default, (dict, list)):
+            specs.append((name, kind, field(default_factory=lambda d=default: _copy(d))))
+        else:
+            specs.append((name, kind, default))
+    try:
+        node = OmegaConf.structured(dataclasses.make_dataclass(title, specs))
+    except Exception:  # a type OmegaConf refuses: keep the defaults, drop the types
+        node = OmegaConf.create({name: default for name, _, default in fields})
+    for name, kind, _ in fields:
+        if kind == Dict[str, Any]:  # noqa: UP006
+            OmegaConf.set_struct(node[name], False)
+    return node
+
+
+def _copy(value: Any) -> Any:
+    import copy
+
+    return copy.deepcopy(value)
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return "???"  # a required parameter: Hydra reports it missing
+
+
+def strategy_defaults(name: str) -> dict[str, Any]:
+    """``{"name": name, <parameter>: <default>, ...}`` from the strategy's dataclass fields."""
+    import strategies
+
+    cls = strategies.strategy_class(name)
+    return {"name": name, **{f.name: _field_default(f) for f in dataclasses.fields(cls)}}  # type: ignore[arg-type]
+
+
+def strategy_node(name: str) -> Any:
+    """The typed config node of strategy ``name``, generated from its dataclass."""
+    import strategies
+
+    cls = strategies.strategy_class(name)
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # an annotation that does not resolve: fall back to untyped
+        hints = {}
+    fields = [("name", str, name)] + [(f.name, _config_type(hints.get(f.name, Any)), _field_default(f))
+                                      for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    return _node(f"{cls.__name__}Config", fields)
+
+
+def strategy_params(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The parameters ``strategy=name`` runs with: the dataclass defaults with ``overrides`` merged in deeply
+    (``{"evict_params": {"budget_tokens": 64}}`` keeps compose's other defaults) and type-checked.
+    The one loader used by the CLI's ``strategies=[...]``, lm-eval and Python callers."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    node = strategy_node(name)
+    params = dict(overrides or {})
+    valid = [k for k in node if k != "name"]
+    unknown = [k for k in params if k not in valid and k != "name"]
+    if unknown:
+        raise KVBenchError(_no_parameter(name, unknown[0], valid))
+    try:
+        merged = OmegaConf.to_container(OmegaConf.merge(node, params), resolve=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or getattr(exc, "key", None)
+        where = f"{name}.{key}={params.get(str(key).split('.')[0])!r}" if key else name
+        raise KVBenchError(f"strategy parameter {where}: {_value_error(exc)}") from None
+    merged.pop("name", None)  # type: ignore[union-attr]
+    return merged  # type: ignore[return-value]
+
+
+def _no_parameter(strategy: str, param: str, valid: list[str]) -> str:
+    near = difflib.get_close_matches(param, valid, n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return f"strategy {strategy!r} has no parameter {param!r}; valid: {', '.join(valid) or '(none)'}{hint}"
+
+
+def task_defaults(name: str) -> dict[str, Any] | None:
+    """The task module's ``<NAME>_DEFAULTS`` (``kvbench/tasks/<name>.py``), or None when it has none."""
+    try:
+        module = importlib.import_module(f"kvbench.tasks.{name}")
+    except ImportError:
+        return None
+    defaults = getattr(module, f"{name.upper()}_DEFAULTS", None)
+    return dict(defaults) if isinstance(defaults, dict) else None
+
+
+def task_node(name: str, defaults: dict[str, Any]) -> Any:
+    """The typed task node: one field per default (typed from its value); ``seed`` follows the top-level seed.
+    Settings without a default (``path: ???`` in ``conf/task/<name>.yaml``) are required strings."""
     import yaml
 
-    defaults = yaml.safe_load((conf_dir() / "config.yaml").read_text()).get("defaults", [])
-    for entry in defaults:
-        if isinstance(entry, dict) and group in entry:
-            return str(entry[group])
-    return ""
+    fields = [("name", str, name)]
+    path = conf_dir() / "task" / f"{name}.yaml"
+    listed = (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    fields += [(k, str, "???") for k, v in listed.items() if v == "???" and k not in defaults]
+    for key, value in defaults.items():
+        if key == "seed":
+            fields.append((key, int, "${seed}"))
+        else:
+            fields.append((key, _value_type(value), value))
+    return _node(f"{name.title()}TaskConfig", fields)
 
 
-def _check_strategy_param(strategy: str, param: str) -> None:
-    """``strategy.<param>=...`` must name a parameter of the chosen strategy (Hydra would print a traceback)."""
-    import dataclasses
+_REGISTERED: set[str] = set()
+
+
+def register_configs() -> None:
+    """Store every schema in Hydra's ConfigStore (idempotent; new strategies/tasks are added on later calls).
+    Must run before Hydra composes kvbench's config, in every process that composes it."""
+    from hydra.core.config_store import ConfigStore
+
+    import strategies
+    from kvbench.tasks.base import task_names
+
+    cs = ConfigStore.instance()
+    if "kvbench_schema" not in _REGISTERED:
+        from omegaconf import OmegaConf
+
+        top = OmegaConf.structured(KVBenchConfig)
+        OmegaConf.set_struct(top.strategies_params, False)  # strategies_params.<anything>=... needs no `+`
+        cs.store(name="kvbench_schema", node=top)
+        _REGISTERED.add("kvbench_schema")
+    yaml_dir = conf_dir()
+    current = set(strategies.available())
+    for key in [k for k in _REGISTERED if k.startswith("strategy/") and k.split("/", 1)[1] not in current]:
+        _forget(cs, key.split("/", 1)[1])  # a plugin no longer on sys.path
+        _REGISTERED.discard(key)
+    for name in sorted(current):
+        key = f"strategy/{name}"
+        if key in _REGISTERED:
+            continue
+        node = strategy_node(name)
+        cs.store(group="schema/strategy", name=name, node=node)
+        if not (yaml_dir / "strategy" / f"{name}.yaml").is_file():
+            cs.store(group="strategy", name=name, node=node)  # a plugin strategy: no YAML needed
+        _REGISTERED.add(key)
+    for name in task_names():
+        key = f"task/{name}"
+        defaults = task_defaults(name)
+        if key in _REGISTERED or defaults is None:
+            continue
+        cs.store(group="schema/task", name=name, node=task_node(name, defaults))
+        _REGISTERED.add(key)
+
+
+def _forget(cs: Any, name: str) -> None:
+    for group in (("strategy",), ("schema", "strategy")):
+        node = cs.repo
+        for part in group:
+            node = node.get(part, {})
+        node.pop(f"{name}.yaml", None)
+
+
+# -- composing and checking overrides ----------------------------------------------------------------------
+@contextmanager
+def hydra_context() -> Iterator[Any]:
+    """Hydra initialised on kvbench's config tree (cleared afterwards); yields a config loader."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            yield GlobalHydra.instance().config_loader()
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Any:
+    """The job config ``python -m kvbench <overrides>`` runs (no ``hydra.*`` node); errors are one line."""
+    from hydra import compose
+
+    with hydra_context():
+        return _compose(compose, list(overrides))
+
+
+def _compose(compose: Any, overrides: list[str]) -> Any:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return compose(config_name="config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise KVBenchError(explain(exc, overrides)) from None
+
+
+def parse_jobs(overrides: list[str], multirun: bool, loader: Any = None) -> list[list[str]]:
+    """The jobs Hydra runs for ``overrides`` (one override list each), parsed and expanded by Hydra itself:
+    ``a,b``, ``choice()``, ``range()``, ``glob()`` (against the group's options). ``hydra.*`` overrides are
+    left out. Without ``multirun`` a sweep is an error, as in Hydra, but one line long."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create(config_loader=loader).parse_overrides(list(overrides))
+    except HydraException as exc:
+        raise KVBenchError(f"cannot parse override: {_first_line(exc)}") from None
+    parsed = [o for o in parsed if not o.is_hydra_override()]
+    sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
+    if sweeps and not multirun:
+        raise KVBenchError(f"{sweeps[0]} is a sweep: add -m to run one job per value (python -m kvbench -m "
+                           f"{sweeps[0]}), or write a list as key=[a,b]")
+    for o in parsed:
+        if o.is_sweep_override() and "glob" in o.input_line and loader is not None and not list(o.sweep_iterator()):
+            valid = ", ".join(group_options(o.key_or_group)) if o.key_or_group in GROUPS else "(none)"
+            raise KVBenchError(f"{o.input_line} matches no {o.key_or_group}; valid: {valid}")
+    if not multirun:  # one job, its overrides applied in order as given (a later one may fail on an earlier)
+        return [[o.input_line for o in parsed]]
+    try:
+        return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    except HydraException as exc:
+        msg = _first_line(exc)
+        if "INTERVAL" in msg:
+            msg = "interval() needs a sampling sweeper (Optuna, Ax, Nevergrad); kvbench's basic sweeper takes " \
+                  "a,b,c, choice(...), range(...) and glob(...)"
+        raise KVBenchError(msg) from None
+
+
+class JobError(KVBenchError):
+    """A job's overrides do not compose; ``job`` names it."""
+
+    def __init__(self, message: str, job: list[str]) -> None:
+        super().__init__(message)
+        self.job = job
+
+
+def compose_jobs(jobs: list[list[str]]) -> Iterator[tuple[list[str], Any]]:
+    """``(job, config)`` for each job, inside :func:`hydra_context`. Jobs sharing their group choices
+    (``strategy=``, ``task=``, ...) share one composition, and their other overrides are applied to a copy by
+    Hydra's own override logic: a 324-job grid composes in seconds, not minutes."""
+    import copy
+
+    from hydra import compose
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    parser = OverridesParser.create()
+    bases: dict[tuple[str, ...], Any] = {}
+    for job in jobs:
+        parsed = parser.parse_overrides(job)
+        choices = tuple(o.input_line for o in parsed if o.key_or_group in GROUPS)
+        try:
+            if choices not in bases:
+                bases[choices] = _compose(compose, list(choices))
+            cfg = copy.deepcopy(bases[choices])
+            ConfigLoaderImpl._apply_overrides_to_config([o for o in parsed if o.key_or_group not in GROUPS], cfg)
+        except (HydraException, OmegaConfBaseException) as exc:
+            raise JobError(explain(exc, job), job) from None
+        except KVBenchError as exc:
+            raise JobError(str(exc), job) from None
+        yield job, cfg
+
+
+def check_overrides(overrides: list[str], multirun: bool | None = None) -> int:
+    """Compose and validate every job of ``overrides`` before anything runs (nothing is written).
+
+    Returns the number of jobs. ``multirun=None`` accepts sweeps (a sweep file's job list)."""
+    with hydra_context() as loader:
+        jobs = parse_jobs(list(overrides), True if multirun is None else multirun, loader)
+        unique = list({tuple(j): j for j in jobs}.values())
+        for job, cfg in compose_jobs(unique):
+            try:
+                check_job(cfg, job)
+            except KVBenchError as exc:
+                raise JobError(str(exc), job) from None
+    return len(jobs)
+
+
+def check_job(cfg: Any, overrides: list[str]) -> None:
+    """Checks needing the composed config: strategy parameters (by building the strategies), engine and task
+    values; ``strategy.*`` overrides are refused when ``strategies=[...]`` would ignore them."""
+    if cfg.get("strategies"):
+        for o in overrides:
+            key = o.split("=", 1)[0].lstrip("+~")
+            if key.startswith("strategy.") or key == "strategy":
+                first = cfg.strategies[0]
+                param = key.split(".", 1)[1] if "." in key else "<param>"
+                raise KVBenchError(f"{o} does not apply when strategies=[...] is set; use "
+                                   f"strategies_params.{first}.{param}=... (one listed strategy) or "
+                                   f"strategies_params.{param}=... (every listed strategy that has it)")
+    validate_cfg(cfg)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def explain(exc: BaseException, overrides: list[str]) -> str:
+    """Hydra's composition error as one line that names the valid choices."""
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    if isinstance(exc, MissingConfigException) and getattr(exc, "options", None) is not None:
+        missing = str(getattr(exc, "missing_cfg_file", "") or "")
+        group, _, choice = missing.rpartition("/")
+        if group:
+            return f"unknown {group} {choice!r}; valid: {', '.join(sorted(exc.options))}"
+    cause = exc.__cause__ or exc.__context__
+    text = str(exc)
+    if text.startswith("Could not override '") and isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+        key = text.split("'", 2)[1]
+        return _unknown_key(key, overrides)
+    if text.startswith("Error merging override") and cause is not None:
+        override = text[len("Error merging override"):].strip()
+        return f"{override}: {_value_error(cause)}"
+    if "Ambiguous value for argument" in text:
+        arg = text.split("'", 2)[1]
+        return f"{arg} is a sweep: add -m to run one job per value, or write a list as key=[a,b]"
+    if "Missing mandatory value" in text or "MissingMandatoryValue" in type(exc).__name__:
+        return _first_line(exc).replace("Missing mandatory value: ", "missing required setting ") + " (set it)"
+    return _first_line(exc)
+
+
+def _value_error(cause: BaseException) -> str:
+    first = _first_line(cause)
+    for marker, word in (("converted to Integer", "an integer"), ("converted to Float", "a number"),
+                         ("not a valid bool", "true or false")):
+        if marker in first:
+            return f"expected {word}"
+    return first
+
+
+def _unknown_key(key: str, overrides: list[str]) -> str:
+    """``key`` is not in the config: name the closest valid key (strategy parameters by their strategy)."""
+    from hydra import compose
+    from omegaconf import DictConfig, OmegaConf
+
+    parent, _, leaf = key.rpartition(".")
+    rest = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != key]
+    try:
+        cfg = compose(config_name="config", overrides=rest)
+    except Exception:  # the other overrides fail too; report this one plainly
+        return f"unknown key {key}"
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    valid = [str(k) for k in node] if isinstance(node, DictConfig) else []
+    if parent == "strategy":
+        return _no_parameter(str(cfg.strategy.name), leaf, [k for k in valid if k != "name"])
+    full = [f"{parent}.{k}" if parent else k for k in valid]
+    near = difflib.get_close_matches(key, full, n=1)
+    hint = f"; did you mean {near[0]}?" if near else ""
+    return f"unknown key {key}; valid: {', '.join(full)}{hint}"
+
+
+# -- what a composed config runs ---------------------------------------------------------------------------
+def node_params(node: Any) -> dict[str, Any]:
+    """A composed ``strategy`` node as build parameters (everything but ``name``)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    data = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    return {k: v for k, v in data.items() if k != "name"}
+
+
+def _param_names(name: str) -> set[str]:
+    import strategies
+
+    return {f.name for f in dataclasses.fields(strategies.strategy_class(name))}  # type: ignore[arg-type]
+
+
+def resolve_strategies(cfg: Any) -> list[Any]:
+    """The strategies a job runs, built (so validated) from the composed config, ``full`` first.
+
+    ``strategies=[...]`` starts from each strategy's dataclass defaults; ``strategies_params.<param>`` applies to
+    every listed strategy that has the parameter, ``strategies_params.<strategy>.<param>`` to that one only (and
+    wins over the shared one). Otherwise the single ``strategy`` node."""
+    from omegaconf import DictConfig, OmegaConf
 
     import strategies
 
-    cls = strategies.strategy_class(strategy)
-    valid = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    top = param.split(".", 1)[0]
-    if top != "name" and top not in valid:
-        raise KVBenchError(f"strategy {strategy!r} has no parameter {top!r}; valid: {', '.join(valid) or '(none)'}")
+    if cfg.get("strategies"):
+        names = [str(n) for n in cfg.strategies]
+        for n in names:
+            strategies.strategy_class(n)  # unknown names first, with the valid ones
+        raw = cfg.get("strategies_params")
+        given = OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else dict(raw or {})
+        own = {k: v for k, v in given.items() if k in names and isinstance(v, dict)}
+        shared = {k: v for k, v in given.items() if k not in own}
+        for key in shared:
+            if key in strategies.available():
+                raise KVBenchError(f"strategies_params.{key} names strategy {key!r}, which is not in "
+                                   f"strategies=[{','.join(names)}]")
+        unused = set(shared) - {k for n in names for k in _param_names(n)}
+        if unused:
+            raise KVBenchError(f"strategies_params {', '.join(sorted(unused))} matches no parameter of "
+                               f"{', '.join(names)}; per strategy: strategies_params.<strategy>.<param>")
+        specs = []
+        for n in names:
+            params = {k: v for k, v in shared.items() if k in _param_names(n)}
+            params.update(own.get(n, {}))
+            specs.append((n, strategy_params(n, params)))
+    else:
+        specs = [(str(cfg.strategy.name), node_params(cfg.strategy))]
+    built = [strategies.build(name, params) for name, params in specs]
+    labels: set[str] = set()
+    unique = []
+    for s in [strategies.build("full")] + built:
+        if s.label() not in labels:
+            labels.add(s.label())
+            unique.append(s)
+    return unique
+
+
+def validate_cfg(cfg: Any) -> None:
+    """Checks that need no model: engine settings, sample count, and every strategy built from its parameters."""
+    if cfg.engine.prefill not in ("shared", "chunked"):
+        raise KVBenchError(f"unknown engine.prefill {cfg.engine.prefill!r}; valid: shared, chunked")
+    if cfg.engine.prefill == "chunked" and int(cfg.engine.chunk_tokens) < 1:
+        raise KVBenchError(f"engine.chunk_tokens must be >= 1 (got {cfg.engine.chunk_tokens})")
+    if int(cfg.task.get("n_samples", 1)) < 1:
+        raise KVBenchError(f"task.n_samples must be >= 1 (got {cfg.task.n_samples})")
+    resolve_strategies(cfg)

@@ -110,19 +110,12 @@ def strategy_params_from_arg(value: Any) -> dict[str, Any]:
 
 
 def build_strategy(name: str, params: dict[str, Any] | None = None) -> Any:
-    """The strategy ``python -m kvbench strategy=NAME`` would run: its YAML defaults, overridden by ``params``
+    """The strategy ``python -m kvbench strategy=NAME`` would run: its dataclass defaults, overridden by ``params``
     (merged deeply, so ``{"evict_params": {"budget_tokens": 64}}`` keeps compose's other defaults)."""
-    import yaml
-    from omegaconf import OmegaConf
-
     import strategies
-    from kvbench.config import conf_dir
+    from kvbench.config import strategy_params
 
-    path = conf_dir() / "strategy" / f"{name}.yaml"
-    defaults = yaml.safe_load(path.read_text()) if path.is_file() else {}
-    defaults = {k: v for k, v in (defaults or {}).items() if k != "name"}
-    merged = OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(defaults), OmegaConf.create(params or {})))
-    return strategies.build(name, merged)  # type: ignore[arg-type]
+    return strategies.build(name, strategy_params(name, params))
 
 
 @dataclass
@@ -533,13 +526,10 @@ def task_config(task: str, overrides: Sequence[str] = (), seed: int = 0) -> Any:
     """The ``task`` node exactly as ``python -m kvbench task=<task> task.<key>=<value> seed=<seed>`` composes
     it (Hydra's compose API on kvbench's config tree, so interpolations such as ``${seed}`` resolve).
     A task without a YAML in ``conf/task`` (registered from Python) gets ``{name: task}`` plus overrides."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from kvbench.config import conf_dir, group_options
+    from kvbench.config import compose_config, group_options
 
     dotted = [o if o.startswith("task.") else f"task.{o}" for o in overrides]
     if task not in group_options("task"):
@@ -548,15 +538,11 @@ def task_config(task: str, overrides: Sequence[str] = (), seed: int = 0) -> Any:
                                    OmegaConf.from_dotlist([o[len("task."):] for o in dotted]))
         except OmegaConfBaseException as exc:
             raise KVBenchError(f"bad task override in {list(overrides)}: {str(exc).splitlines()[0]}") from None
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=[f"task={task}", f"seed={seed}", *dotted])
+        cfg = compose_config([f"task={task}", f"seed={seed}", *dotted])
         return OmegaConf.create(OmegaConf.to_container(cfg.task, resolve=True))
-    except (HydraException, OmegaConfBaseException) as exc:
+    except (KVBenchError, OmegaConfBaseException) as exc:
         raise KVBenchError(f"bad task override in {list(overrides)}: {str(exc).strip().splitlines()[0]}") from None
-    finally:
-        GlobalHydra.instance().clear()
 
 
 def export_task(task: str, out_dir: str | Path, model: str = "smollm2-135m", model_path: str | None = None,

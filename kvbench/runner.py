@@ -12,10 +12,8 @@ import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-import strategies as strategy_registry
 from kvbench import SPEC_VERSION
 from kvbench.engine import Engine, check_lengths, run_samples
-from kvbench.errors import KVBenchError
 from kvbench.models import load_model
 from kvbench.report import print_table, summarize
 from kvbench.results import ActiveWorker, RunStore, SampleClaims, environment, slug, stable_hash, warn
@@ -24,47 +22,17 @@ from strategies.base import Strategy
 
 
 def strategy_params(cfg: DictConfig | dict) -> dict[str, Any]:
-    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    return {k: v for k, v in data.items() if k != "name"}
+    """A composed ``strategy`` node as build parameters (everything but ``name``)."""
+    from kvbench.config import node_params
 
-
-def _strategy_yaml(name: str) -> dict[str, Any]:
-    from kvbench.config import conf_dir
-
-    path = conf_dir() / "strategy" / f"{name}.yaml"
-    return yaml.safe_load(path.read_text()) if path.is_file() else {"name": name}
-
-
-def _param_names(name: str) -> set[str]:
-    import dataclasses
-
-    return {f.name for f in dataclasses.fields(strategy_registry.strategy_class(name))}  # type: ignore[arg-type]
+    return node_params(cfg)
 
 
 def resolve_strategies(cfg: DictConfig) -> list[Strategy]:
-    """``strategies=[...]`` (YAML defaults) or the single ``strategy`` group, with ``full`` first."""
-    if cfg.get("strategies"):
-        shared = dict(cfg.get("strategies_params") or {})
-        specs = []
-        for n in cfg.strategies:
-            params = strategy_params(_strategy_yaml(n))
-            # A shared override applies to every listed strategy that has that parameter.
-            params.update({k: v for k, v in shared.items() if k in _param_names(n)})
-            specs.append((n, params))
-        unused = set(shared) - {k for n in cfg.strategies for k in _param_names(n)}
-        if unused:
-            raise KVBenchError(f"strategies_params {', '.join(sorted(unused))} matches no parameter of "
-                               f"{', '.join(cfg.strategies)}")
-    else:
-        specs = [(cfg.strategy.name, strategy_params(cfg.strategy))]
-    built = [strategy_registry.build(name, params) for name, params in specs]
-    labels: set[str] = set()
-    unique = []
-    for s in [strategy_registry.build("full")] + built:
-        if s.label() not in labels:
-            labels.add(s.label())
-            unique.append(s)
-    return unique
+    """The strategies a job runs, ``full`` first (:func:`kvbench.config.resolve_strategies`)."""
+    from kvbench.config import resolve_strategies as resolve
+
+    return resolve(cfg)
 
 
 def _hardware(cfg: DictConfig) -> tuple[Any, str]:
@@ -204,9 +172,7 @@ def _run_with_progress(engine: Engine, samples: list[Sample], strategies: list[S
 
 
 def validate_cfg(cfg: DictConfig) -> None:
-    if cfg.engine.prefill not in ("shared", "chunked"):
-        raise KVBenchError(f"unknown engine.prefill {cfg.engine.prefill!r}; valid: shared, chunked")
-    if cfg.engine.prefill == "chunked" and int(cfg.engine.chunk_tokens) < 1:
-        raise KVBenchError(f"engine.chunk_tokens must be >= 1 (got {cfg.engine.chunk_tokens})")
-    if int(cfg.task.get("n_samples", 1)) < 1:
-        raise KVBenchError(f"task.n_samples must be >= 1 (got {cfg.task.n_samples})")
+    """Checks that need no model (:func:`kvbench.config.validate_cfg`)."""
+    from kvbench.config import validate_cfg as validate
+
+    validate(cfg)

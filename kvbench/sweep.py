@@ -9,15 +9,20 @@ A sweep file has
 * ``blocks`` — named sub-grids, each a product of its own ``key: sweep`` pairs. Blocks exist because
   parameters differ between strategies: ``strategy.compression_ratio`` is swept for eviction strategies
   only, quantizers have no such parameter.
-* ``launcher`` (default ``basic``), ``launcher_overrides`` (per launcher name: the Hydra overrides it gets,
-  e.g. ``joblib: [hydra.launcher.n_jobs=2]``), and ``estimate`` (seconds, see :func:`estimate_seconds`).
+* ``launcher`` (default ``basic``) and ``launcher_overrides`` (per launcher name: the Hydra overrides it gets,
+  e.g. ``joblib: [hydra.launcher.n_jobs=2]``).
 
 Values use Hydra's own sweep syntax (``a,b,c``, ``range(1,4)``, ``choice(...)``, ``glob(...)``) and are
-expanded by Hydra's own parser and :class:`BasicSweeper` logic, so the count printed is exactly the
-number of jobs Hydra launches. Each block is one ``python -m kvbench -m ...`` multirun; blocks run one
-after another, jobs inside a block run as the launcher allows. Jobs are idempotent (the run id hashes
-everything that determines the records), so re-running a sweep skips finished jobs and resumes partial
-ones, and stores from several machines merge (:func:`kvbench.results.read_store`).
+expanded by Hydra's own parser and :class:`BasicSweeper` logic (``glob`` against the group's options), so the
+count printed is exactly the number of jobs Hydra launches. Before anything runs, every job is composed and
+checked as ``python -m kvbench`` checks it, dry run or not. The time projection (:func:`project`) uses only
+timings measured on this kind of machine: records in the result store for the same model, hardware and
+context length; jobs with none are reported as not measured yet.
+
+Each block is one ``python -m kvbench -m ...`` multirun; blocks run one after another, jobs inside a block
+run as the launcher allows. Jobs are idempotent (the run id hashes everything that determines the records),
+so re-running a sweep skips finished jobs and resumes partial ones, and stores from several machines merge
+(:func:`kvbench.results.read_store`).
 """
 
 from __future__ import annotations
@@ -44,8 +49,7 @@ LAUNCHERS = {
     "submitit_slurm": "hydra-submitit-launcher",
     "ray": "hydra-ray-launcher",
 }
-#: Fallback cost model when the store has nothing to calibrate from (embedded model on a 2-core CPU).
-DEFAULT_ESTIMATE = {"startup_s": 20.0, "sample_s_per_1k_tokens": 3.0, "context_tokens": 2048, "n_samples": 10}
+SWEEP_KEYS = ("name", "description", "overrides", "axes", "blocks", "launcher", "launcher_overrides")
 
 
 @dataclass
@@ -63,7 +67,6 @@ class Sweep:
     blocks: list[Block]
     launcher: str = "basic"
     launcher_overrides: list[str] = field(default_factory=list)
-    estimate: dict[str, float] = field(default_factory=dict)
 
     @property
     def n_jobs(self) -> int:
@@ -82,16 +85,14 @@ def _sweep_value(value: Any) -> str:
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
-    """The jobs Hydra's basic sweeper makes of ``overrides`` (one override list per job)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
+    """The jobs Hydra's basic sweeper makes of ``overrides`` (one override list per job, ``hydra.*`` left out)."""
+    from kvbench.config import hydra_context, parse_jobs
 
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-        return BasicSweeper.split_arguments(parsed, None)[0]
-    except HydraException as exc:
-        raise KVBenchError(f"bad sweep override in {overrides}: {str(exc).splitlines()[0]}") from None
+        with hydra_context() as loader:
+            return parse_jobs(overrides, True, loader)
+    except KVBenchError as exc:
+        raise KVBenchError(f"bad sweep override in {overrides}: {exc}") from None
 
 
 def load_sweep(path: str | Path, launcher: str | None = None, extra: list[str] | None = None) -> Sweep:
@@ -108,11 +109,12 @@ def load_sweep(path: str | Path, launcher: str | None = None, extra: list[str] |
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
         raise KVBenchError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    unknown = sorted(set(data) - {"name", "overrides", "axes", "blocks", "launcher", "launcher_overrides",
-                                  "estimate", "description"})
+    if "estimate" in data:
+        raise KVBenchError(f"{p}: `estimate` is no longer read: the projection comes from timings measured here "
+                           "(the result store); remove it")
+    unknown = sorted(set(data) - set(SWEEP_KEYS))
     if unknown:
-        raise KVBenchError(f"{p}: unknown key {', '.join(unknown)}; valid: name, description, overrides, axes, "
-                           "blocks, launcher, launcher_overrides, estimate")
+        raise KVBenchError(f"{p}: unknown key {', '.join(unknown)}; valid: {', '.join(SWEEP_KEYS)}")
     fixed = [str(o) for o in data.get("overrides") or []] + list(extra or [])
     axes = [f"{k}={_sweep_value(v)}" for k, v in (data.get("axes") or {}).items()]
     raw_blocks = data.get("blocks") or {"all": {}}
@@ -137,57 +139,97 @@ def load_sweep(path: str | Path, launcher: str | None = None, extra: list[str] |
     if not isinstance(per_launcher, dict):
         raise KVBenchError(f"{p}: launcher_overrides must map a launcher name to its overrides")
     launcher_overrides = [str(o) for o in per_launcher.get(chosen) or []]
-    return Sweep(str(data.get("name", p.stem)), blocks, chosen, launcher_overrides,
-                 {**DEFAULT_ESTIMATE, **(data.get("estimate") or {})})
+    return Sweep(str(data.get("name", p.stem)), blocks, chosen, launcher_overrides)
 
 
-def _job_value(job: list[str], key: str, default: float) -> float:
-    for o in job:
-        k, _, v = o.partition("=")
-        if k.lstrip("+~") == key:
-            try:
-                return float(v)
-            except ValueError:
-                return default
-    return default
+@dataclass
+class JobInfo:
+    """What a job's cost depends on, from its composed config."""
+
+    model: str
+    hardware: str
+    context_tokens: int
+    n_samples: int
+    strategies: list[tuple[str, str]]  # (name, label), `full` first
 
 
-def calibrate(results_dir: str | Path) -> float | None:
-    """Measured seconds per sample per strategy per 1k context tokens, from the result store (median), or
-    ``None`` when the store has no timed records."""
+def describe_jobs(sweep: Sweep) -> list[JobInfo]:
+    """Compose and check every job as ``python -m kvbench`` would (one-line :class:`KVBenchError` on the first
+    bad one), and return what each job's cost depends on."""
+    from kvbench.config import JobError, check_job, compose_jobs, hydra_context, resolve_strategies
+
+    where = {tuple(job): block.name for block in sweep.blocks for job in block.jobs}
+    info: dict[tuple[str, ...], JobInfo] = {}
+    with hydra_context():
+        try:
+            for job, cfg in compose_jobs([list(j) for j in where]):
+                try:
+                    check_job(cfg, job)
+                except KVBenchError as exc:
+                    raise JobError(str(exc), job) from None
+                info[tuple(job)] = JobInfo(
+                    str(cfg.model.name), str(cfg.hardware.name), int(cfg.task.get("context_tokens") or 0),
+                    int(cfg.task.get("n_samples") or 1), [(s.name, s.label()) for s in resolve_strategies(cfg)])
+        except JobError as exc:
+            raise KVBenchError(f"block {where[tuple(exc.job)]!r}, job {' '.join(exc.job)}: {exc}") from None
+    return [info[tuple(job)] for block in sweep.blocks for job in block.jobs]
+
+
+@dataclass
+class Projection:
+    """Serial job seconds for the jobs with measurements, and the jobs without."""
+
+    seconds: float
+    measured: int
+    unmeasured: list[JobInfo]
+    source: str
+
+
+def _per_sample(df: Any) -> Any:
+    """Seconds per sample a strategy adds after the shared prefill: compression, query and decoding."""
+    return (df["compress_s"].fillna(0) + df["query_s"].fillna(0)
+            + df["decode_ms_per_token"].fillna(0) * df["decode_steps"].fillna(0) / 1000)
+
+
+def project(jobs: list[JobInfo], results_dir: str | Path = "results") -> Projection:
+    """Serial seconds of ``jobs`` from records measured on this kind of machine.
+
+    A job's cost is ``n_samples x (median prefill + sum over its strategies, baseline included, of the median
+    compress + query + decode seconds per sample)``, the medians taken over stored records of the same model,
+    hardware and context length (a strategy matched by its exact parameters, else by its name). A job any of
+    whose figures has no such record is counted as unmeasured. Model loading is not in the records, so it is
+    not in the projection; jobs already finished are skipped when run, so a re-run costs less.
+    """
+    source = f"median per-sample prefill/compress/decode seconds in {results_dir}/store, same model/hardware/context"
     try:
         from kvbench.results import read_store
 
         df = read_store(results_dir)
-    except Exception:  # an unreadable store only costs the calibration
-        return None
-    need = {"prefill_s", "compress_s", "query_s", "decode_ms_per_token", "decode_steps", "context_tokens"}
-    if df.empty or not need <= set(df.columns):
-        return None
-    seconds = (df["prefill_s"].fillna(0) + df["compress_s"].fillna(0) + df["query_s"].fillna(0)
-               + df["decode_ms_per_token"].fillna(0) * df["decode_steps"].fillna(0) / 1000)
-    per_1k = (seconds / (df["context_tokens"] / 1000)).replace([math.inf, -math.inf], math.nan).dropna()
-    return float(per_1k.median()) if not per_1k.empty else None
-
-
-def estimate_seconds(sweep: Sweep, results_dir: str | Path = "results") -> tuple[float, str]:
-    """Serial seconds for the whole sweep and where the per-sample rate came from.
-
-    Each job loads the model (``startup_s``) and evaluates ``n_samples`` samples for its strategy plus the
-    ``full`` baseline (reused from the baseline cache after the first job of a task and length, so counted
-    once per job here as prefill + strategy).
-    """
-    est = sweep.estimate
-    rate = calibrate(results_dir)
-    source = f"measured in {results_dir}/store" if rate is not None else "sweep file / defaults"
-    rate = rate if rate is not None else float(est["sample_s_per_1k_tokens"])
-    total = 0.0
-    for block in sweep.blocks:
-        for job in block.jobs:
-            ctx = _job_value(job, "task.context_tokens", float(est["context_tokens"]))
-            n = _job_value(job, "task.n_samples", float(est["n_samples"]))
-            total += float(est["startup_s"]) + n * 2 * rate * ctx / 1000
-    return total, source
+    except Exception:  # an unreadable store only costs the projection
+        df = None
+    need = {"model", "hardware", "context_tokens", "strategy", "strategy_name", "prefill_s", "compress_s",
+            "query_s", "decode_ms_per_token", "decode_steps"}
+    if df is None or df.empty or not need <= set(df.columns):
+        return Projection(0.0, 0, list(jobs), source)
+    df = df.assign(_rest=_per_sample(df))
+    groups = {k: g for k, g in df.groupby(["model", "hardware", "context_tokens"])}
+    total, measured, unmeasured = 0.0, 0, []
+    for job in jobs:
+        g = groups.get((job.model, job.hardware, job.context_tokens))
+        if g is None:
+            unmeasured.append(job)
+            continue
+        costs = []
+        for name, label in job.strategies:
+            rows = g[g["strategy"] == label]
+            rows = rows if not rows.empty else g[g["strategy_name"] == name]
+            costs.append(float(rows["_rest"].median()) if not rows.empty else math.nan)
+        if any(math.isnan(c) for c in costs):
+            unmeasured.append(job)
+            continue
+        total += job.n_samples * (float(g["prefill_s"].median()) + sum(costs))
+        measured += 1
+    return Projection(total, measured, unmeasured, source)
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -196,13 +238,17 @@ def _fmt_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
-def commands(sweep: Sweep, python: str = sys.executable) -> list[list[str]]:
-    """One ``python -m kvbench -m ...`` command per block, with its own sweep directory."""
+def commands(sweep: Sweep, python: str = sys.executable, stamp: str | None = None) -> list[list[str]]:
+    """One ``python -m kvbench -m ...`` command per block, with its own sweep directory under one timestamp (a
+    re-run never overwrites an earlier run's ``multirun.yaml``; finished jobs are still skipped)."""
+    import time
+
+    stamp = stamp or time.strftime("%Y-%m-%d_%H-%M-%S")
     out = []
     for i, block in enumerate(sweep.blocks):
         launcher = [] if sweep.launcher == "basic" else [f"hydra/launcher={sweep.launcher}"]
         out.append([python, "-m", "kvbench", "-m", *block.overrides, *launcher, *sweep.launcher_overrides,
-                    f"hydra.sweep.dir=${{results_dir}}/multirun/{sweep.name}/{i:02d}-{block.name}"])
+                    f"hydra.sweep.dir=${{results_dir}}/multirun/{sweep.name}/{stamp}/{i:02d}-{block.name}"])
     return out
 
 
@@ -230,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="print the job count, estimate and commands only")
     parser.add_argument("--launcher", choices=list(LAUNCHERS), default=None,
                         help="Hydra launcher (default: the sweep file's, else basic)")
-    parser.add_argument("--results-dir", default="results", help="store used to calibrate the time estimate")
+    parser.add_argument("--results-dir", default="results", help="store whose measured timings project the time")
     parser.add_argument("--list", action="store_true", help="also print every job's overrides")
     return parser
 
@@ -245,10 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sweep = load_sweep(args.sweep, args.launcher, extra)
         _check_launcher(sweep.launcher)
+        jobs = describe_jobs(sweep)
     except KVBenchError as exc:
         print(f"kvbench: error: {exc}", file=sys.stderr)
         return 2
-    serial, source = estimate_seconds(sweep, args.results_dir)
     par = parallelism(sweep)
     print(f"sweep {sweep.name}: {sweep.n_jobs} jobs in {len(sweep.blocks)} multirun(s), launcher {sweep.launcher}")
     for block in sweep.blocks:
@@ -256,8 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.list:
             for job in block.jobs:
                 print("    " + " ".join(job))
-    print(f"estimate: {_fmt_duration(serial)} of job time ({source}); "
-          f"~{_fmt_duration(serial / par)} wall at {par} job(s) at once. Finished jobs are skipped.")
+    print(projection_text(project(jobs, args.results_dir), len(jobs), par))
     cmds = commands(sweep)
     for cmd in cmds:
         print("$ " + shlex.join(cmd[0:1] + cmd[1:]))
@@ -269,6 +314,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kvbench: error: multirun exited with status {rc}: {shlex.join(cmd)}", file=sys.stderr)
             return rc
     return 0
+
+
+def projection_text(p: Projection, n_jobs: int, par: int) -> str:
+    if not p.measured:
+        return (f"estimate: no measurement yet for any of the {n_jobs} jobs ({p.source}); run one job of the "
+                "sweep first and the dry run projects the rest")
+    text = (f"estimate: {_fmt_duration(p.seconds)} of job time for {p.measured} of {n_jobs} jobs ({p.source}; "
+            f"model loading not included); ~{_fmt_duration(p.seconds / par)} wall at {par} job(s) at once. "
+            "Finished jobs are skipped.")
+    if p.unmeasured:
+        first = p.unmeasured[0]
+        names = ",".join(n for n, _ in first.strategies)
+        text += (f"\n  no measurement yet for {len(p.unmeasured)} job(s), e.g. {names} at {first.context_tokens} "
+                 f"tokens on {first.model}/{first.hardware}")
+    return text
 
 
 def _check_launcher(name: str) -> None:

@@ -1,6 +1,12 @@
-"""Strategy registry: every module in this package defining a ``Strategy`` subclass with a ``name`` is one.
+"""Strategy registry: every module in this package defining a ``Strategy`` subclass with a ``name`` is one, and so
+is every class another installed package announces under the entry-point group ``kvbench.strategies``::
 
-A new strategy is one file here plus one YAML in ``conf/strategy/``; nothing else is edited.
+    # the other package's pyproject.toml
+    [project.entry-points."kvbench.strategies"]
+    my_strategy = "my_pkg.my_module:MyStrategy"
+
+A new built-in strategy is one file here plus one YAML in ``conf/strategy/`` that pulls in the schema generated
+from its dataclass (see docs/checklists/strategy.md); a plugin strategy needs no YAML.
 """
 
 from __future__ import annotations
@@ -8,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
+import sys
+from importlib.metadata import entry_points
 from typing import Any
 
 from kvbench.errors import KVBenchError
@@ -15,20 +23,50 @@ from strategies.base import LayerCapture, LayerStore, Strategy
 
 __all__ = ["LayerCapture", "LayerStore", "Strategy", "available", "build", "strategy_class"]
 
+ENTRY_POINT_GROUP = "kvbench.strategies"
 _REGISTRY: dict[str, type[Strategy]] = {}
+_PLUGINS: dict[str, str] = {}  # entry point -> the strategy name it registered
+_SCANNED_PATH: list[tuple[str, ...]] = []  # sys.path at the last entry-point scan
+
+
+def _is_strategy(obj: Any) -> bool:
+    return isinstance(obj, type) and issubclass(obj, Strategy) and "name" in vars(obj)
 
 
 def _discover() -> None:
-    if _REGISTRY:
+    if not _REGISTRY:
+        for mod in pkgutil.iter_modules(__path__):
+            if mod.name.startswith("_") or mod.name == "base":
+                continue
+            module = importlib.import_module(f"{__name__}.{mod.name}")
+            for obj in vars(module).values():
+                if _is_strategy(obj) and obj.__module__ == module.__name__:
+                    _REGISTRY[obj.name] = obj
+    _discover_plugins()
+
+
+def _discover_plugins() -> None:
+    """Entry points of group ``kvbench.strategies``, scanned again whenever ``sys.path`` has changed (a package
+    put on it after the first look). A plugin cannot replace a built-in strategy."""
+    path = tuple(sys.path)
+    if _SCANNED_PATH and _SCANNED_PATH[0] == path:
         return
-    for mod in pkgutil.iter_modules(__path__):
-        if mod.name.startswith("_") or mod.name == "base":
+    _SCANNED_PATH[:] = [path]
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        key = f"{ep.name}={ep.value}"
+        if _PLUGINS.get(key) in _REGISTRY:
             continue
-        module = importlib.import_module(f"{__name__}.{mod.name}")
-        for obj in vars(module).values():
-            if (isinstance(obj, type) and issubclass(obj, Strategy) and obj.__module__ == module.__name__
-                    and "name" in vars(obj)):
-                _REGISTRY[obj.name] = obj
+        try:
+            obj = ep.load()
+        except Exception as exc:  # a broken plugin must not take the built-in strategies down with it
+            raise KVBenchError(f"strategy plugin {ep.name} = {ep.value!r} failed to import: {exc}") from None
+        if not _is_strategy(obj) or not dataclasses.is_dataclass(obj):
+            raise KVBenchError(f"strategy plugin {ep.name} = {ep.value!r} is not a Strategy dataclass with a name")
+        if obj.name in _REGISTRY and _REGISTRY[obj.name] is not obj:
+            raise KVBenchError(f"strategy plugin {ep.value!r} reuses the name {obj.name!r} of "
+                               f"{_REGISTRY[obj.name].__module__}; rename it")
+        _REGISTRY[obj.name] = obj
+        _PLUGINS[key] = obj.name
 
 
 def available() -> list[str]:

@@ -28,25 +28,10 @@ from typing import Any, ClassVar
 
 import torch
 
+from kvbench.capture import LayerCapture
 from kvbench.errors import KVBenchError
 
 FAMILIES = ("baseline", "quantization", "eviction", "tiered", "recompute", "composite", "reference")
-
-
-@dataclass
-class LayerCapture:
-    """What one attention layer exposed during the last forward pass.
-
-    ``queries`` are post-RoPE queries ``[batch, q_heads, window, head_dim]`` of the last ``window``
-    positions of that forward (all positions when the window is ``None``); ``positions`` are their
-    absolute token positions.
-    """
-
-    layer_idx: int
-    num_kv_groups: int
-    scaling: float
-    queries: torch.Tensor | None = None
-    positions: torch.Tensor | None = None
 
 
 class LayerStore(ABC):

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 import strategies
 from kvbench.cache import KVBenchCache
@@ -161,7 +160,11 @@ def test_query_window_and_labels():
     assert strategies.build("compose", {"evict": "h2o"}).query_window is None
     assert strategies.build("compose", {"evict": "knorm"}).query_window == 0
     assert strategies.build("compose", {"evict_params": {"window_size": 16}}).query_window == 16
-    cfg = yaml.safe_load((CONF / "strategy" / "compose.yaml").read_text())
+    from omegaconf import OmegaConf
+
+    from kvbench.config import compose_config  # the config node is generated from the dataclass
+
+    cfg = OmegaConf.to_container(compose_config(["strategy=compose"]).strategy)
     cfg.pop("name")
     assert strategies.build("compose", cfg).label() == strategies.build("compose").label()
     assert "compression_ratio': 0.25" in strategies.build(
@@ -169,12 +172,11 @@ def test_query_window_and_labels():
 
 
 def test_yaml_overrides_reach_the_inner_strategies():
-    from hydra import compose, initialize_config_dir
+    from kvbench.config import compose_config
 
-    with initialize_config_dir(config_dir=str(CONF / "strategy"), version_base="1.3"):
-        cfg = compose("compose", overrides=["evict=h2o", "evict_params.compression_ratio=0.25",
-                                            "+evict_params.recent_fraction=0.25", "quantize=int4",
-                                            "+quantize_params.residual_length=0"])
+    cfg = compose_config(["strategy=compose", "strategy.evict=h2o", "strategy.evict_params.compression_ratio=0.25",
+                          "+strategy.evict_params.recent_fraction=0.25", "strategy.quantize=int4",
+                          "+strategy.quantize_params.residual_length=0"]).strategy
     from omegaconf import OmegaConf
 
     params = OmegaConf.to_container(cfg, resolve=True)

@@ -31,19 +31,10 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 def _jsonl_task() -> list[str]:
     """Overrides selecting the ``jsonl`` task on the tiny LongBench-style fixture, two samples."""
-    conf = ROOT / "conf" / "task" / "jsonl.yaml"
-    if not conf.is_file() or not FIXTURE.is_file():
-        pytest.skip("the jsonl task (conf/task/jsonl.yaml, tests/fixtures/tiny_longbench.jsonl) is not available")
-    cfg = yaml.safe_load(conf.read_text()) or {}
-    path_keys = [k for k, v in cfg.items() if v == "???" or k in ("path", "file", "data_path")]
-    if not path_keys:
-        pytest.skip("conf/task/jsonl.yaml names no path key to point at the fixture")
-    out = ["task=jsonl", f"task.{path_keys[0]}={FIXTURE}"]
-    if "n_samples" in cfg:
-        out.append("task.n_samples=2")
-    if "max_new_tokens" in cfg:
-        out.append("task.max_new_tokens=4")  # decoding length only changes the cost here
-    return out
+    if not FIXTURE.is_file():
+        pytest.skip("tests/fixtures/tiny_longbench.jsonl is not available")
+    # decoding length only changes the cost here
+    return ["task=jsonl", f"task.path={FIXTURE}", "task.n_samples=2", "task.max_new_tokens=4"]
 
 
 def _job_overrides(results: Path) -> list[str]:
@@ -105,7 +96,6 @@ def test_grid_expands_to_hydra_jobs_and_counts_them(tmp_path, capsys):
         "blocks": {"evict": {"strategy": ["snapkv", "h2o"], "strategy.compression_ratio": "0.5,0.75,0.9"},
                    "quant": {"strategy": "int8,int4"}},
         "launcher_overrides": {"joblib": ["hydra.launcher.n_jobs=2"]},
-        "estimate": {"startup_s": 10, "sample_s_per_1k_tokens": 1.0, "n_samples": 4},
     })
     sw = sweep_mod.load_sweep(path, launcher="joblib")
     assert [len(b.jobs) for b in sw.blocks] == [2 * 2 * 3, 2 * 2]
@@ -113,19 +103,39 @@ def test_grid_expands_to_hydra_jobs_and_counts_them(tmp_path, capsys):
     job = sw.blocks[0].jobs[0]
     assert "model=tiny-llama" in job and any(o.startswith("strategy.compression_ratio=") for o in job)
     assert sweep_mod.parallelism(sw) == 2
-    cmds = sweep_mod.commands(sw, python="python")
+    cmds = sweep_mod.commands(sw, python="python", stamp="T")
     assert cmds[0][:4] == ["python", "-m", "kvbench", "-m"]
     assert "hydra/launcher=joblib" in cmds[0] and "hydra.launcher.n_jobs=2" in cmds[0]
     assert "strategy=snapkv,h2o" in cmds[0] and "strategy.compression_ratio=0.5,0.75,0.9" in cmds[0]
-    # estimate: per job 10 s + 4 samples x 2 (strategy + baseline share) x 1 s/1k x context/1k
-    serial, source = sweep_mod.estimate_seconds(sw, tmp_path / "empty")
-    per_ctx = {64: 10 + 8 * 0.064, 128: 10 + 8 * 0.128}
-    assert serial == pytest.approx(8 * per_ctx[64] + 8 * per_ctx[128])
-    assert "defaults" in source
+    assert cmds[1][-1] == "hydra.sweep.dir=${results_dir}/multirun/grid/T/01-quant"  # timestamped: no overwrite
+    # nothing measured in an empty store: no projection, never a made-up constant
+    p = sweep_mod.project(sweep_mod.describe_jobs(sw), tmp_path / "empty")
+    assert (p.seconds, p.measured, len(p.unmeasured)) == (0.0, 0, 16)
 
-    assert sweep_mod.main([str(path), "--dry-run", "--launcher", "joblib"]) == 0
+    assert sweep_mod.main([str(path), "--dry-run", "--launcher", "joblib", "--results-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "16 jobs in 2 multirun(s), launcher joblib" in out and "at 2 job(s) at once" in out
+    assert "16 jobs in 2 multirun(s), launcher joblib" in out and "no measurement yet for any of the 16 jobs" in out
+
+
+def test_projection_uses_medians_measured_for_the_same_model_hardware_and_length(store_dir):
+    """The fixture store: tiny-llama on cpu at 64 and 128 tokens. A job at 64 tokens is projected from the
+    64-token records of its strategies (the baseline included); a job at 256 tokens has no measurement."""
+    df = read_store(store_dir)
+    at64 = df[(df["model"] == "tiny-llama") & (df["hardware"] == "cpu") & (df["context_tokens"] == 64)]
+    rest = at64["compress_s"].fillna(0) + at64["query_s"].fillna(0) + \
+        at64["decode_ms_per_token"].fillna(0) * at64["decode_steps"].fillna(0) / 1000
+    by_label = rest.groupby(at64["strategy"]).median()
+    int8 = next(s for s in by_label.index if s.startswith("int8("))
+    job = sweep_mod.JobInfo("tiny-llama", "cpu", 64, 5, [("full", "full"), ("int8", int8)])
+    far = sweep_mod.JobInfo("tiny-llama", "cpu", 256, 5, [("full", "full"), ("int8", int8)])
+    p = sweep_mod.project([job, job, far], store_dir)
+    expected = 5 * (at64["prefill_s"].median() + by_label["full"] + by_label[int8])
+    assert p.seconds == pytest.approx(2 * expected) and p.measured == 2 and p.unmeasured == [far]
+    # other parameters of a measured strategy: matched by name
+    other = sweep_mod.JobInfo("tiny-llama", "cpu", 64, 5, [("full", "full"), ("int8", "int8(group_size=32)")])
+    assert sweep_mod.project([other], store_dir).measured == 1
+    text = sweep_mod.projection_text(p, 3, 1)
+    assert "for 2 of 3 jobs" in text and "no measurement yet for 1 job(s)" in text and "256 tokens" in text
 
 
 def test_duplicate_jobs_and_bad_files_are_one_line_errors(tmp_path, capsys):
@@ -143,17 +153,13 @@ def test_duplicate_jobs_and_bad_files_are_one_line_errors(tmp_path, capsys):
 
 
 def test_paper_sweep_is_valid_for_every_job(capsys):
-    """Every job of conf/sweep/paper.yaml names real strategies, parameters and tasks (checked as the CLI
-    checks them before launching), and the dry run prints the count."""
-    from kvbench.config import check_overrides, group_options
-
+    """Every job of conf/sweep/paper.yaml composes and names real strategies, parameters and tasks (checked as
+    the CLI checks them before launching), and the dry run prints the count."""
     sw = sweep_mod.load_sweep(ROOT / "conf" / "sweep" / "paper.yaml")
     assert sw.n_jobs == 7 * 3 * 9 + 5 * 9 + 2 * 2 * 2 * 9 + 2 * 9
-    # The paper's tasks are checked by name once they are all installed.
-    have_tasks = {"legal", "papers", "fiction"} <= set(group_options("task"))
-    for block in sw.blocks:
-        for job in block.jobs:
-            check_overrides([o for o in job if have_tasks or not o.startswith("task=")])
+    jobs = sweep_mod.describe_jobs(sw)
+    assert len(jobs) == sw.n_jobs and {j.model for j in jobs} == {"smollm2-135m"}
+    assert {j.context_tokens for j in jobs} == {1024, 2048, 4096} and {j.n_samples for j in jobs} == {20}
     assert sweep_mod.main(["paper", "--dry-run"]) == 0
     assert f"{sw.n_jobs} jobs" in capsys.readouterr().out
 

@@ -31,6 +31,7 @@ JSONL_DEFAULTS: dict[str, Any] = {
     "instruction": "Read the context and answer the question concisely.",
     "answer_prefix": "",
     "seed": 0,
+    "dataset_name": None,  # the name records carry as `task` (None: the file stem)
 }
 
 
