@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvbench import SPEC_VERSION
 from kvbench.engine import Engine, check_lengths, run_samples
+from kvbench.errors import KVBenchError
 from kvbench.models import load_model
 from kvbench.report import print_table, summarize
 from kvbench.results import ActiveWorker, RunStore, SampleClaims, environment, slug, stable_hash, warn
