@@ -228,8 +228,10 @@ def sort_leaderboard(lb: Leaderboard, column: str, reverse: bool = False) -> Lea
         order = order.sort_values(tiebreak, ascending=False, kind="mergesort", na_position="last")
     key = (lambda s: pd.to_numeric(s, errors="coerce")) if numeric else (lambda s: s.astype(str))
     order = order.sort_values(column, ascending=ascending, kind="mergesort", na_position="last", key=key)
-    rank = {s: i for i, s in enumerate(SETTINGS)}
-    order = order.sort_values("setting", kind="mergesort", key=lambda s: s.map(lambda v: rank.get(v, len(rank))))
+    if "setting" in order.columns:
+        rank = {s: i for i, s in enumerate(SETTINGS)}
+        order = order.sort_values("setting", kind="mergesort",
+                                  key=lambda s: s.map(lambda v: rank.get(v, len(rank))))
     lb.table = order.reset_index(drop=True)
     lb.sort, lb.reverse = column, reverse
     return lb

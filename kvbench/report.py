@@ -72,7 +72,13 @@ def _fmt(v: float, spec: str) -> str:
 
 
 def print_table(summary: pd.DataFrame, console: Console | None = None) -> None:
-    """The end-of-run table: strategy, task, n, accuracy, delta (CI), KV MiB, reduction, latency."""
+    """The end-of-run table: strategy, task, n, accuracy, delta (CI), KV MiB, reduction, latency.
+
+    Strategies are named by their short label (parameters that differ from the defaults); the full
+    parameters are in the run's summary.csv and records.
+    """
+    from kvbench.labels import shorten
+
     if console is None:
         console = Console()
         if not console.is_terminal or console.width < 150:
@@ -85,7 +91,7 @@ def print_table(summary: pd.DataFrame, console: Console | None = None) -> None:
                          overflow="fold")
     for r in summary.itertuples():
         ci = f"{_fmt(r.delta_pp, '+.1f')} [{_fmt(r.delta_ci_low, '+.1f')}, {_fmt(r.delta_ci_high, '+.1f')}]"
-        table.add_row(r.strategy, r.task, str(r.n), _fmt(r.accuracy, ".3f"), ci, _fmt(r.kv_mib, ".2f"),
+        table.add_row(shorten(r.strategy), r.task, str(r.n), _fmt(r.accuracy, ".3f"), ci, _fmt(r.kv_mib, ".2f"),
                       _fmt(100 * r.memory_reduction, ".1f") + "%", _fmt(r.kl, ".4f"), _fmt(r.prefill_s, ".2f"),
                       _fmt(r.decode_ms_per_token, ".1f"))
     console.print(table)

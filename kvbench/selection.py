@@ -83,14 +83,17 @@ def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", default=None, help="only records of this hardware profile")
     parser.add_argument("--spec-version", default=None, help="only records of this measurement spec version")
     parser.add_argument("--dtype", default=None, help="only records run in this dtype")
-    parser.add_argument("--setting", default=None, choices=SETTINGS,
-                        help="only one query setting (default: both, reported apart)")
+    parser.add_argument("--setting", default=None,
+                        help=f"only one query setting: {' or '.join(SETTINGS)} (default: both, reported apart)")
 
 
 def filters_from_args(args: argparse.Namespace) -> Filters:
+    setting = getattr(args, "setting", None)
+    if setting is not None and setting not in SETTINGS:
+        raise KVBenchError(f"unknown setting {setting!r}; valid: {', '.join(SETTINGS)}")
     tasks = tuple(t for arg in args.task or [] for t in arg.split(",") if t) or None
     return Filters(model=args.model, tasks=tasks, hardware=args.hardware, spec_version=args.spec_version,
-                   dtype=args.dtype, setting=getattr(args, "setting", None))
+                   dtype=args.dtype, setting=setting)
 
 
 def _distinct(values: pd.Series) -> list[str]:
