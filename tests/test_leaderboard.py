@@ -442,3 +442,44 @@ def test_html_renders_markdown_and_marks_best_first_directions(records):
 def test_inline_markdown_escapes_html():
     assert leaderboard.inline_markdown("a <b> `x<y>` **B** *i*") == (
         "a &lt;b&gt; <code>x&lt;y&gt;</code> <strong>B</strong> <em>i</em>")
+
+
+# ------------------------------------------------------------------------------------ short labels
+
+
+def test_short_label_keeps_only_what_differs_from_the_defaults():
+    import strategies
+    from kvbench.labels import short_label, split_label
+
+    for name in strategies.available():  # every strategy at its defaults is just its name
+        assert shorten(strategies.build(name).label()) == name
+    # compression_ratio=None resolves to 0.5 when built: the recorded 0.5 is a default too.
+    assert shorten("snapkv(budget_tokens=None,compression_ratio=0.5,kernel_size=7,pooling=max,window_size=32)") \
+        == "snapkv"
+    assert shorten(strategies.build("snapkv", {"compression_ratio": 0.75, "window_size": 16}).label()) == \
+        "snapkv(compression_ratio=0.75,window_size=16)"
+    inner = {"compression_ratio": 0.75, "recent_fraction": 0.25}
+    nested = strategies.build("compose", {"evict": "h2o", "evict_params": inner})
+    name, params = split_label(nested.label())
+    assert name == "compose" and params["evict_params"] == str(inner)  # commas inside braces stay in the value
+    assert shorten(nested.label()) == f"compose(evict=h2o,evict_params={inner})"
+    # Unknown strategies (other branches, imported results) keep every parameter; plain names pass through.
+    assert shorten("mystery(a=1,b=2)") == "mystery(a=1,b=2)" and shorten("full") == "full"
+    assert short_label("int8", {"group_size": 64, "axis": "channel"}) == "int8(axis=channel)"
+
+
+def test_end_of_run_table_uses_short_labels_on_one_line(records, capsys):
+    from rich.console import Console
+
+    from kvbench.report import print_table, summarize
+
+    summary = summarize(leaderboard.paired_records(records))
+    console = Console(width=150, record=True)
+    print_table(summary, console)
+    text = console.export_text()
+    for label in ("int8(group_size=8)", "int4(group_size=8,residual_length=0)", "streaming_llm", "full"):
+        assert f"│ {label} " in text  # whole, on one line
+    assert "budget_tokens" not in text and "pooling=max" not in text  # defaults left out
+    # Printing to a pipe, the table widens to keep even a long label on one line.
+    print_table(summary)
+    assert "│ snapkv(compression_ratio=0.75,kernel_size=3,window_size=4) " in capsys.readouterr().out
