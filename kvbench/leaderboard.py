@@ -4,16 +4,19 @@
 strategy's records with the ``full`` baseline on identical samples, summarises them with
 :func:`kvbench.report.summarize`, and writes
 
-* ``leaderboard.md`` / ``leaderboard.csv`` / ``leaderboard.html`` — one row per (strategy, parameters);
-  per task: accuracy delta with its paired-bootstrap 95% CI, memory reduction, KV bytes per token,
-  prefill seconds, decode ms/token and the number of samples, plus the same figures pooled over all
-  tasks (``all.*``, only for strategies measured on every task);
-* ``claim_check.md`` — see :mod:`kvbench.claims`;
-* with ``--plots``, the comparison plots of :mod:`kvbench.plots` into ``<out-dir>/plots``.
+* ``leaderboard.md`` / ``leaderboard.csv`` / ``leaderboard.html`` — one row per (query setting, strategy);
+  per task: accuracy delta with its paired 95% CI, memory reduction, KV bytes per token, prefill seconds,
+  decode ms/token and the number of samples, plus the same figures pooled over all tasks (``all.*``, only
+  for strategies measured on every task). The query-aware and query-agnostic settings (see
+  :mod:`kvbench.selection`) are summarised apart and shown as two labelled tables; strategies are named by
+  their short label (:mod:`kvbench.labels`), the full parameters are in the CSV;
+* ``claim_check.md`` — :mod:`kvbench.claims`, per setting;
+* with ``--plots`` (or ``--plots-only``), the figures of :mod:`kvbench.plots` into ``<out-dir>/plots``.
 
-Only records of one spec version, model, hardware profile and dtype are ranked together: accuracy
-deltas of different models (or specs) answer different questions, and latency from different hardware
-cannot share a column. Mixing is refused with one line naming what was found and the flag that selects.
+Which records are read is :mod:`kvbench.selection`'s job (its filter flags are this command's). Only
+records of one spec version, model, hardware profile and dtype are ranked together: accuracy deltas of
+different models (or specs) answer different questions, and latency from different hardware cannot
+share a column. Mixing is refused with one line naming what was found and the flag that selects.
 
 Output is a pure function of the store and the flags — no timestamps, a stable sort, fixed float
 formatting — so regenerating from the same store is byte-identical.
