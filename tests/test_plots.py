@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from matplotlib.text import Text
 
 from kvbench import calc, leaderboard, plots
 from kvbench.errors import KVBenchError
@@ -52,6 +53,11 @@ def _check_images(paths: list[Path]) -> None:
 
 def _texts(ax) -> list:
     return [t for t in ax.texts if t.get_visible() and t.get_text()]
+
+
+def _text_box(t, renderer):
+    """The text's own box (an annotation's extent would include its leader line)."""
+    return Text.get_window_extent(t, renderer)
 
 
 def _boxes_overlap(a, b) -> bool:
@@ -115,7 +121,7 @@ def test_pareto_labels_every_strategy_once_without_overlap(board):
         labels = sorted(shorten(s) for s in board.summary.loc[board.summary["task"] == task, "strategy"])
         texts = _texts(ax)
         assert sorted(t.get_text() for t in texts) == labels
-        boxes = [t.get_window_extent(renderer) for t in texts]
+        boxes = [_text_box(t, renderer) for t in texts]
         frame = ax.get_window_extent(renderer)
         for a, b in itertools.combinations(boxes, 2):
             assert not _boxes_overlap(a, b)
@@ -167,7 +173,7 @@ def test_label_points_never_overlap_each_other(points):
     fig.canvas.draw()
     assert sorted(t.get_text() for t in texts) == sorted(labels)
     renderer = fig.canvas.get_renderer()
-    boxes = [t.get_window_extent(renderer) for t in texts]
+    boxes = [_text_box(t, renderer) for t in texts]
     # Fourteen long labels fit in this panel; when a panel is too crowded the last labels may touch.
     for a, b in itertools.combinations(boxes, 2):
         assert not _boxes_overlap(a, b)
