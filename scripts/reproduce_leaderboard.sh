@@ -92,7 +92,7 @@ if [[ -n "$CHROME" ]]; then
   page="$(cd "$RESULTS_DIR" && pwd)/leaderboard.html"
   # --no-sandbox: Chromium refuses its sandbox as root (containers, CI).
   run "$CHROME" --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,1000 \
-    --screenshot="$RESULTS_DIR/leaderboard.png" "file://$page"
+    --screenshot="$RESULTS_DIR/leaderboard.png" "file://$page" 2>/dev/null  # its D-Bus warnings are noise here
 else
   echo "no chromium: skipping the leaderboard screenshot (scripts/setup_browser.sh installs it)"
 fi
