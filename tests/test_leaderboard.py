@@ -483,3 +483,12 @@ def test_end_of_run_table_uses_short_labels_on_one_line(records, capsys):
     # Printing to a pipe, the table widens to keep even a long label on one line.
     print_table(summary)
     assert "│ snapkv(compression_ratio=0.75,kernel_size=3,window_size=4) " in capsys.readouterr().out
+
+
+def test_paired_records_read_the_needle_depth_from_sample_meta():
+    from kvbench.selection import sample_depth
+
+    assert sample_depth('{"depth": 0.25}') == 0.25
+    assert sample_depth({"depths": [0.2, 0.4]}) == pytest.approx(0.3)
+    assert sample_depth({"pos": 0.7}, key="pos") == 0.7
+    assert pd.isna(sample_depth("not json")) and pd.isna(sample_depth({"depth": True}))
