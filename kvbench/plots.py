@@ -1,25 +1,27 @@
-"""Comparison plots over the result store (matplotlib, Agg canvas; PNG and SVG).
+"""Comparison figures over the result store: pure functions of a summary or paired-records DataFrame.
 
-* :func:`pareto_figure` — memory reduction vs accuracy delta, one panel per task, one marker per family,
-  the Pareto-optimal strategies connected;
-* :func:`latency_figure` — prefill seconds and decode ms/token per strategy, with the ``full`` baseline;
-* :func:`needle_figure` — accuracy by context length × needle depth for one strategy next to ``full``;
-* :func:`memory_figure` — measured KV bytes against context length per strategy, with the projected line
-  (the strategy's bytes per token × length) and, for ``full``, the architecture formula of
-  :func:`kvbench.calc.kv_bytes`.
+* :func:`pareto_figure` — memory saved vs accuracy delta (95% CI), every strategy labelled (short label,
+  placed clear of each other with leader lines), the Pareto front drawn on top; offloading strategies (``tiered``)
+  in a panel of their own, because what they save is *device* memory, not bytes;
+* :func:`latency_figure` — what differs between strategies once the prefill is shared: compression time,
+  question (query) time and decode time per token, as box plots over samples;
+* :func:`memory_figure` — KV bytes held per context token per strategy, against the architecture formula
+  for ``full``; the offloading tier drawn apart as device-resident bytes;
+* :func:`needle_figure` — accuracy by needle depth × context length for ``full`` and the most informative
+  strategies, with the sample count in each cell.
 
-Figures are built on :class:`matplotlib.figure.Figure` with an explicit Agg canvas instead of pyplot, so
-importing this module never changes the global backend (a notebook keeps its inline display) and no
-figure is left registered in pyplot's global state. ``python -m kvbench.plots`` (or ``kvbench
-leaderboard --plots``) writes all of them into ``results/plots/``.
+Every figure takes a DataFrame (``summary`` rows of :func:`kvbench.report.summarize` with a ``setting``
+column, or paired records as :func:`kvbench.selection.paired_records` returns them, with ``setting`` and
+``depth`` columns); selecting the records is :mod:`kvbench.selection`'s job and the command line is
+``kvbench leaderboard --plots``. Figures are built on :class:`matplotlib.figure.Figure` with an explicit
+Agg canvas instead of pyplot, so importing this module never changes the global backend (a notebook keeps
+its inline display) and no figure is left registered in pyplot's global state.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +31,18 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from kvbench.claims import DEPTH_KEYS, OVERALL, sample_depth
+from kvbench.claims import OFFLOADING_FAMILIES, OVERALL
 from kvbench.errors import KVBenchError
+from kvbench.labels import shorten
 from kvbench.report import BASELINE
+from kvbench.selection import QUERY_AWARE, SETTINGS
 
 FAMILY_MARKERS = {"baseline": "*", "quantization": "o", "eviction": "v", "tiered": "s", "recompute": "D",
                   "composite": "P", "reference": "X"}
+# Fixed colours per family (Okabe–Ito, colour-blind safe), so a family looks the same in every figure.
+FAMILY_COLORS = {"baseline": "#000000", "quantization": "#0072B2", "eviction": "#D55E00", "tiered": "#009E73",
+                 "recompute": "#CC79A7", "composite": "#E69F00", "reference": "#56B4E9"}
+SETTING_COLORS = {SETTINGS[0]: "#0072B2", SETTINGS[1]: "#E69F00"}
 
 # A fixed salt makes SVG element ids repeatable, and no creation date is written, so redrawing the same
 # store gives the same SVG file.
@@ -59,22 +67,32 @@ def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
     return [png, svg]
 
 
-def _family_marker(family: str) -> str:
+def family_color(family: str) -> str:
+    return FAMILY_COLORS.get(family, "#777777")
+
+
+def family_marker(family: str) -> str:
     return FAMILY_MARKERS.get(family, "o")
 
 
-def _family_colors(families: Sequence[str]) -> dict[str, Any]:
-    cmap = matplotlib.colormaps["tab10"]
-    return {fam: cmap(i % 10) for i, fam in enumerate(sorted(set(families)))}
+def _tasks(frame: pd.DataFrame) -> list[str]:
+    return sorted(t for t in frame["task"].astype(str).unique() if t != OVERALL)
 
 
-def _tasks(summary: pd.DataFrame) -> list[str]:
-    return sorted(t for t in summary["task"].astype(str).unique() if t != OVERALL)
+def _settings(frame: pd.DataFrame) -> list[str | None]:
+    """The query settings in ``frame``, query-aware first; ``[None]`` when it has no setting column."""
+    if "setting" not in frame.columns:
+        return [None]
+    have = set(frame["setting"].dropna().astype(str))
+    return [s for s in SETTINGS if s in have] + sorted(have - set(SETTINGS)) or [None]
 
 
-def _grid(n: int, max_cols: int = 3) -> tuple[int, int]:
-    cols = min(n, max_cols)
-    return math.ceil(n / cols), cols
+def _in_setting(frame: pd.DataFrame, setting: str | None) -> pd.DataFrame:
+    return frame if setting is None else frame[frame["setting"] == setting]
+
+
+def _offloading(family: Any) -> bool:
+    return str(family) in OFFLOADING_FAMILIES
 
 
 # --------------------------------------------------------------------------------------------- pareto
@@ -96,193 +114,284 @@ def pareto_front(x: Sequence[float], y: Sequence[float]) -> list[int]:
     return [i for _, _, i in sorted(front)]
 
 
-def pareto_figure(summary: pd.DataFrame, tasks: Sequence[str] | None = None) -> Figure:
-    """Memory reduction (x) vs accuracy delta with its CI (y); one panel per task, one marker per family."""
-    tasks = list(tasks) if tasks is not None else _tasks(summary)
-    if not tasks:
+def dodge(x: Sequence[float], y: Sequence[float], width: float = 0.9, tol: float = 0.6) -> np.ndarray:
+    """Spread points that share an x value (within ``tol``) sideways, ``width`` apart, ordered by y.
+
+    Seven eviction strategies at exactly 50% would otherwise sit on one vertical line with overlapping CI
+    bars; the offsets are small next to the axis range and the caption says so.
+    """
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    out = x.copy()
+    order = np.argsort(x, kind="mergesort")
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and not math.isnan(x[i]) and abs(x[i] - x[groups[-1][0]]) <= tol:
+            groups[-1].append(int(i))
+        else:
+            groups.append([int(i)])
+    for g in groups:
+        if len(g) < 2:
+            continue
+        g = sorted(g, key=lambda i: (-y[i] if not math.isnan(y[i]) else math.inf, i))
+        for k, i in enumerate(g):
+            out[i] = x[g[0]] + (k - (len(g) - 1) / 2) * width
+    return out
+
+
+# Candidate label offsets in pixels, nearest first: eight directions on growing rings.
+_RINGS = (7, 14, 24, 36, 50, 66, 84, 106, 130, 160)
+_DIRECTIONS = ((1, 0.35), (1, -0.35), (0, 1), (0, -1), (-1, 0.35), (-1, -0.35), (1, 1), (-1, 1), (1, -1), (-1, -1))
+
+
+def _overlaps(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def label_points(ax, xs: Sequence[float], ys: Sequence[float], labels: Sequence[str], colors: Sequence[str],
+                 bars: Sequence[tuple[float, float, float]] = (), fontsize: float = 7.5) -> list[Any]:
+    """Label every point without overlap: each label takes the nearest free spot on rings around its point
+    (clear of other labels and markers, inside the axes, off the CI bars where possible), tied to its point
+    by a leader line when it had to move away. Deterministic, so figures redraw identically.
+
+    ``bars``: (x, y_low, y_high) of vertical CI bars to keep labels off. Works in display pixels after a
+    layout pass, and places each label as an offset in points, which layout changes do not disturb.
+    """
+    fig = ax.figure
+    fig.canvas.draw()  # settle the constrained layout first: pixel positions must be final
+    renderer = fig.canvas.get_renderer()
+    to_px = ax.transData.transform
+    frame = ax.get_window_extent(renderer)
+    pts = [(i, *to_px((x, y))) for i, (x, y) in enumerate(zip(xs, ys, strict=True))
+           if not (math.isnan(x) or math.isnan(y))]
+    markers = [(px - 5, py - 5, px + 5, py + 5) for _, px, py in pts]
+    bar_boxes = []
+    for x, lo, hi in bars:
+        if not (math.isnan(x) or math.isnan(lo) or math.isnan(hi)):
+            (bx, by0), (_, by1) = to_px((x, lo)), to_px((x, hi))
+            bar_boxes.append((bx - 1.5, min(by0, by1), bx + 1.5, max(by0, by1)))
+    placed: list[tuple[float, float, float, float]] = []
+    texts = []
+    px_to_pt = 72 / fig.dpi
+    # Top points first (the front and the lossless strategies), then left to right.
+    for i, px, py in sorted(pts, key=lambda t: (-round(t[2], 1), t[1], t[0])):
+        probe = ax.text(0, 0, labels[i], fontsize=fontsize)
+        ext = probe.get_window_extent(renderer)
+        probe.remove()
+        w, h = ext.width, ext.height
+        own = (px - 5, py - 5, px + 5, py + 5)
+        choice, fallback = None, None
+        for strict in (True, False):
+            for r in _RINGS:
+                if strict and r > 50:
+                    break  # better across a CI bar than far from the point
+                for dx, dy in _DIRECTIONS:
+                    cx, cy = px + dx * r, py + dy * r
+                    x0 = cx if dx > 0 else (cx - w if dx < 0 else cx - w / 2)
+                    y0 = cy if dy > 0 else (cy - h if dy < 0 else cy - h / 2)
+                    box = (x0, y0, x0 + w, y0 + h)
+                    if box[0] < frame.x0 + 2 or box[2] > frame.x1 - 2 or box[1] < frame.y0 + 2 or box[3] > frame.y1 - 2:
+                        continue
+                    if any(_overlaps(box, o) for o in placed) or any(
+                            _overlaps(box, m) for m in markers if m != own):
+                        continue
+                    if fallback is None:
+                        fallback = (box, dx, dy, r)
+                    if strict and any(_overlaps(box, b) for b in bar_boxes):
+                        continue
+                    choice = (box, dx, dy, r)
+                    break
+                if choice:
+                    break
+            if choice:
+                break
+        box, dx, dy, r = choice or fallback or ((px, py, px + w, py + h), 1, 0.35, _RINGS[0])
+        placed.append(box)
+        ha = "left" if dx > 0 else ("right" if dx < 0 else "center")
+        va = "bottom" if dy > 0 else ("top" if dy < 0 else "center")
+        arrow = {"arrowstyle": "-", "color": "#999999", "lw": 0.5, "shrinkA": 1, "shrinkB": 4} if r > 14 else None
+        t = ax.annotate(labels[i], (xs[i], ys[i]), xytext=(dx * r * px_to_pt, dy * r * px_to_pt),
+                        textcoords="offset points", ha=ha, va=va, fontsize=fontsize, color=colors[i], zorder=6,
+                        arrowprops=arrow)
+        t.set_in_layout(False)
+        texts.append(t)
+    return texts
+
+
+def _pareto_panel(ax, rows: pd.DataFrame) -> Callable[[], list[Any]]:
+    """Points, CIs and the front of the non-offloading strategies in ``rows`` on ``ax``; returns the call
+    that labels them, to be made once the figure's layout is complete."""
+    x0 = 100 * rows["memory_reduction"].to_numpy(dtype=float)
+    y = rows["delta_pp"].to_numpy(dtype=float)
+    lo = rows["delta_ci_low"].to_numpy(dtype=float)
+    hi = rows["delta_ci_high"].to_numpy(dtype=float)
+    fams = rows["family"].astype(str).to_numpy()
+    x = dodge(x0, y)
+    colors = [family_color(f) for f in fams]
+    for i in range(len(rows)):
+        ax.errorbar(x[i], y[i], yerr=[[abs(y[i] - lo[i])], [abs(hi[i] - y[i])]], fmt=family_marker(fams[i]),
+                    color=colors[i], ecolor=colors[i], elinewidth=0.9, capsize=2, markersize=7,
+                    markeredgecolor="white", markeredgewidth=0.5, alpha=0.95, zorder=3)
+    front = pareto_front(x0, y)
+    if front:
+        # A staircase: between two optimal points, the better accuracy holds until the next saving.
+        fx, fy = x0[front], y[front]
+        ax.step(fx, fy, where="post", color="black", linewidth=1.6, alpha=0.75, zorder=5, solid_capstyle="round")
+        ax.scatter(x[front], y[front], s=150, facecolors="none", edgecolors="black", linewidths=1.2, zorder=5)
+    # Headroom above the best point and below the worst CI: labels need room where the points crowd.
+    top, bottom = np.nanmax(np.r_[hi, y]), np.nanmin(np.r_[lo, y])
+    span = max(top - bottom, 10.0)
+    ax.set_ylim(bottom - 0.06 * span, top + 0.12 * span)
+    labels = [shorten(s) for s in rows["strategy"]]
+    return lambda: label_points(ax, x, y, labels, colors, bars=list(zip(x, lo, hi, strict=True)))
+
+
+def _offload_panel(ax, rows: pd.DataFrame) -> None:
+    x = 100 * rows["memory_reduction"].to_numpy(dtype=float)
+    y = rows["delta_pp"].to_numpy(dtype=float)
+    lo = rows["delta_ci_low"].to_numpy(dtype=float)
+    hi = rows["delta_ci_high"].to_numpy(dtype=float)
+    for i, fam in enumerate(rows["family"].astype(str)):
+        ax.errorbar(x[i], y[i], yerr=[[abs(y[i] - lo[i])], [abs(hi[i] - y[i])]], fmt=family_marker(fam),
+                    color=family_color(fam), elinewidth=0.9, capsize=2, markersize=7, zorder=3)
+    for xi, yi, s in zip(x, y, rows["strategy"], strict=True):
+        ax.annotate(shorten(s), (xi, yi), textcoords="offset points", xytext=(4, -9), ha="right", va="top",
+                    fontsize=7.5,
+                    color=family_color("tiered"))
+    ax.set_xlim(min(80.0, np.nanmin(x) - 5) if len(x) else 80.0, 100.5)
+    ax.set_title("offloading:\ndevice memory", fontsize=8)
+    ax.set_xlabel("device mem.\nsaved (%)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+    ax.axhline(0, color="#bbbbbb", linewidth=0.8, zorder=0)
+
+
+def pareto_figure(summary: pd.DataFrame, scopes: Sequence[str] | None = None,
+                  settings: Sequence[str | None] | None = None) -> Figure:
+    """Memory saved (x) vs accuracy delta with its 95% CI (y), each strategy labelled: one panel per scope
+    (default: the pooled ``all`` rows when present, else every task) and query setting — scopes in rows,
+    settings in columns; a single scope stacks its settings so the figure stays narrow.
+
+    Offloading strategies sit in a narrow panel to the right of each panel: their x is device memory.
+    Points sharing a memory reduction are spread ±0.9 points sideways so their CIs stay apart.
+    """
+    settings = list(settings) if settings is not None else _settings(summary)
+    if scopes is None:
+        scopes = [OVERALL] if (summary["task"] == OVERALL).any() else _tasks(summary)
+    scopes = list(scopes)
+    if not scopes or summary.empty:
         raise KVBenchError("nothing to plot: the summary has no tasks")
-    rows, cols = _grid(len(tasks))
-    fig = new_figure(5.2 * cols, 4.2 * rows)
-    axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    colors = _family_colors(summary["family"].astype(str))
-    for ax, task in zip(axes, tasks, strict=False):
-        sub = summary[summary["task"] == task].sort_values("strategy", kind="mergesort")
-        x = 100 * sub["memory_reduction"].to_numpy(dtype=float)
-        y = sub["delta_pp"].to_numpy(dtype=float)
-        lo = sub["delta_ci_low"].to_numpy(dtype=float)
-        hi = sub["delta_ci_high"].to_numpy(dtype=float)
-        fams = sub["family"].astype(str).to_numpy()
-        for fam in sorted(set(fams)):
-            m = fams == fam
-            ax.errorbar(x[m], y[m], yerr=[np.abs(y[m] - lo[m]), np.abs(hi[m] - y[m])], fmt=_family_marker(fam),
-                        color=colors[fam], ecolor=colors[fam], elinewidth=0.8, capsize=2, markersize=7,
-                        alpha=0.9, label=fam, linestyle="none")
-        front = pareto_front(x, y)
-        if front:
-            ax.plot(x[front], y[front], color="black", linewidth=1, zorder=1, label="Pareto front")
-            labels = sub["strategy"].to_numpy()
-            for i in front:
-                ax.annotate(_short(labels[i]), (x[i], y[i]), textcoords="offset points", xytext=(4, 4),
-                            fontsize=7)
-        if len(x):
-            # Room on the right for the labels of the most compressed points.
-            lo_x, hi_x = np.nanmin(x), np.nanmax(x)
-            pad = max(5.0, 0.08 * (hi_x - lo_x))
-            ax.set_xlim(lo_x - pad, hi_x + 3 * pad)
-        ax.axhline(0, color="grey", linewidth=0.6)
-        ax.axhline(-1, color="grey", linewidth=0.6, linestyle=":")
-        ax.set_title(task)
-        ax.set_xlabel("memory reduction vs dense 16-bit (%)")
+    panels = [(scope, setting) for scope in scopes for setting in settings]
+    cols_n = len(settings) if len(scopes) > 1 else 1
+    rows_n = math.ceil(len(panels) / cols_n)
+    fig = new_figure(8.6 * cols_n, 5.4 * rows_n + 0.6)
+    axes = fig.subplots(rows_n, 2 * cols_n, squeeze=False, width_ratios=[6, 1] * cols_n, sharey="row")
+    families: set[str] = set()
+    label_jobs = []
+    for k, (scope, setting) in enumerate(panels):
+        r, c = divmod(k, cols_n)
+        ax, off = axes[r, 2 * c], axes[r, 2 * c + 1]
+        sub = _in_setting(summary, setting)
+        sub = sub[sub["task"] == scope].sort_values("strategy", kind="mergesort")
+        sub = sub.dropna(subset=["memory_reduction", "delta_pp"])
+        families |= set(sub["family"].astype(str))
+        kept, moved = sub[~sub["family"].map(_offloading)], sub[sub["family"].map(_offloading)]
+        ax.axhline(0, color="#bbbbbb", linewidth=0.8, zorder=0)
+        ax.axhline(-1, color="#bbbbbb", linewidth=0.8, linestyle=":", zorder=0)
+        if not kept.empty:
+            xs = 100 * kept["memory_reduction"].to_numpy(dtype=float)
+            ax.set_xlim(min(0.0, float(np.nanmin(xs))) - 4, min(100.0, float(np.nanmax(xs)) + 6))
+            label_jobs.append(_pareto_panel(ax, kept))
+        if moved.empty:
+            off.set_visible(False)
+        else:
+            _offload_panel(off, moved)
+        scope_name = "all tasks (pooled)" if scope == OVERALL else scope
+        ax.set_title(scope_name if setting is None else f"{scope_name} — {setting}", fontsize=10)
+        ax.set_xlabel("KV bytes saved vs dense 16-bit (%)")
         ax.set_ylabel(f"accuracy Δ vs {BASELINE} (pp, 95% CI)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower left")
-    for ax in axes[len(tasks):]:
-        ax.set_visible(False)
-    fig.suptitle("Accuracy vs KV memory (dotted: −1 pp)")
+    for k in range(len(panels), rows_n * cols_n):
+        r, c = divmod(k, cols_n)
+        axes[r, 2 * c].set_visible(False)
+        axes[r, 2 * c + 1].set_visible(False)
+    handles = [matplotlib.lines.Line2D([], [], linestyle="none", marker=family_marker(f), color=family_color(f),
+                                       markersize=7, label=f) for f in sorted(families)]
+    handles.append(matplotlib.lines.Line2D([], [], color="black", linewidth=1.6, marker="o", markersize=9,
+                                           markerfacecolor="none", label="Pareto front"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 8), fontsize=8, frameon=False)
+    fig.suptitle("Accuracy vs KV memory (dotted: −1 pp; points at equal memory spread sideways)", fontsize=11)
+    for job in label_jobs:
+        job()
     return fig
-
-
-def _short(label: str, width: int = 28) -> str:
-    """A strategy label for tick marks and legends: unset (``None``) parameters dropped, then truncated."""
-    if "(" in label and label.endswith(")"):
-        name, params = label[:-1].split("(", 1)
-        kept = [p for p in params.split(",") if not p.endswith("=None")]
-        label = f"{name}({','.join(kept)})" if kept else name
-    return label if len(label) <= width else label[: width - 1] + "…"
 
 
 # -------------------------------------------------------------------------------------------- latency
 
-
-def latency_figure(summary: pd.DataFrame, tasks: Sequence[str] | None = None) -> Figure:
-    """Prefill s and decode ms/token per strategy (bars per task), with the ``full`` value as a line."""
-    tasks = list(tasks) if tasks is not None else _tasks(summary)
-    sub = summary[summary["task"].isin(tasks)]
-    labels = sorted(sub["strategy"].unique(), key=lambda s: (s != BASELINE, s))
-    fig = new_figure(12, 0.32 * len(labels) * max(1, len(tasks)) ** 0.5 + 2)
-    axes = fig.subplots(1, 2, sharey=True)
-    cmap = matplotlib.colormaps["tab10"]
-    height = 0.8 / max(1, len(tasks))
-    ypos = np.arange(len(labels))
-    for ax, col, title in ((axes[0], "prefill_s", "prefill (s, median)"),
-                           (axes[1], "decode_ms_per_token", "decode (ms/token, median)")):
-        for k, task in enumerate(tasks):
-            t = sub[sub["task"] == task].set_index("strategy")
-            vals = [float(t[col].get(s, np.nan)) if s in t.index else np.nan for s in labels]
-            ax.barh(ypos + (k - (len(tasks) - 1) / 2) * height, vals, height=height, color=cmap(k % 10),
-                    label=task)
-            if BASELINE in t.index and not math.isnan(float(t.loc[BASELINE, col])):
-                ax.axvline(float(t.loc[BASELINE, col]), color=cmap(k % 10), linestyle="--", linewidth=1)
-        ax.set_title(title)
-        ax.grid(axis="x", alpha=0.3)
-    axes[0].set_yticks(ypos, [_short(s, 40) for s in labels], fontsize=7)
-    axes[0].invert_yaxis()
-    axes[1].legend(fontsize=7, title=f"task (dashed: {BASELINE})", title_fontsize=7, loc="upper left",
-                   bbox_to_anchor=(1.01, 1), borderaxespad=0)
-    fig.suptitle("Latency per strategy")
-    return fig
+LATENCY_PANELS = (("compress_s", 1e3, "compression (ms)"), ("query_s", 1e3, "question tokens (ms)"),
+                  ("decode_ms_per_token", 1.0, "decode (ms / token)"))
 
 
-# --------------------------------------------------------------------------------------------- needle
+def latency_figure(records: pd.DataFrame, tasks: Sequence[str] | None = None) -> Figure:
+    """Per-strategy box plots (median, quartiles, 5–95% whiskers, samples of every task pooled) of what
+    differs between strategies: building the compressed cache, processing the question, decoding.
 
-
-def needle_table(records: pd.DataFrame, strategy: str, task: str | None = None,
-                 depth_key: str | None = None) -> pd.DataFrame:
-    """Mean score per (depth, context length) for ``strategy`` and ``full``: columns depth, length, which,
-    accuracy, n. Empty when the records carry no depth."""
-    df = records if task is None else records[records["task"] == task]
-    df = df[df["strategy"].isin([strategy, BASELINE])].copy()
-    if df.empty:
-        return pd.DataFrame(columns=["depth", "length", "which", "accuracy", "n"])
-    df["depth"] = [round(sample_depth(m, depth_key), 3) for m in df["sample_meta"]]
-    df = df[df["depth"].notna()]
-    if df.empty:
-        return pd.DataFrame(columns=["depth", "length", "which", "accuracy", "n"])
-    df["length"] = df["context_tokens"].astype(int)
-    df["which"] = np.where(df["strategy"] == BASELINE, BASELINE, strategy)
-    out = df.groupby(["which", "depth", "length"], sort=True)["score"].agg(["mean", "size"]).reset_index()
-    return out.rename(columns={"mean": "accuracy", "size": "n"})
-
-
-def _length_bins(lengths: Sequence[int], max_bins: int = 8) -> dict[int, str]:
-    """Column label per context length: exact when few, else quantile bins (templates vary lengths a bit)."""
-    uniq = sorted(set(lengths))
-    if len(uniq) <= max_bins:
-        return {v: f"{v:,}" for v in uniq}
-    edges = np.unique(np.quantile(uniq, np.linspace(0, 1, max_bins + 1)).round().astype(int))
-    out = {}
-    for v in uniq:
-        i = min(int(np.searchsorted(edges, v, side="right")) - 1, len(edges) - 2)
-        out[v] = f"{edges[i]:,}–{edges[i + 1]:,}"
-    return out
-
-
-def needle_figure(records: pd.DataFrame, strategy: str, task: str | None = None,
-                  depth_key: str | None = None) -> Figure | None:
-    """Heatmaps of accuracy by context length × depth: ``full``, the strategy, and their difference.
-
-    Returns None when the records carry no needle depth. A store with one context length gives
-    single-column maps (depth is still resolved).
+    The prefill is shared by every strategy of a sample (one full-attention pass), so it is one number,
+    given in the title instead of as identical bars.
     """
-    tab = needle_table(records, strategy, task, depth_key)
-    if tab.empty or strategy not in set(tab["which"]):
-        return None
-    bins = _length_bins(tab["length"].tolist())
-    tab = tab.assign(col=tab["length"].map(bins))
-    # Re-aggregate within bins, weighting by sample counts.
-    tab = tab.assign(total=tab["accuracy"] * tab["n"])
-    agg = tab.groupby(["which", "depth", "col"], sort=False)[["total", "n"]].sum().reset_index()
-    agg["accuracy"] = agg["total"] / agg["n"]
-    depths = sorted(agg["depth"].unique())
-    cols = list(dict.fromkeys(bins[v] for v in sorted(bins)))
-
-    def grid(which: str) -> np.ndarray:
-        g = np.full((len(depths), len(cols)), np.nan)
-        for r in agg[agg["which"] == which].itertuples():
-            g[depths.index(r.depth), cols.index(r.col)] = r.accuracy
-        return g
-
-    base, strat = grid(BASELINE), grid(strategy)
-    fig = new_figure(3 * (2.4 + 0.8 * len(cols)), max(3.0, 1.6 + 0.45 * len(depths)))
-    axes = fig.subplots(1, 3)
-    panels = ((base, f"{BASELINE}", "viridis", 0, 1, "{:.2f}"),
-              (strat, _short(strategy, 40), "viridis", 0, 1, "{:.2f}"),
-              (100 * (strat - base), "difference (pp)", "RdBu", -100, 100, "{:+.0f}"))
-    for ax, (data, title, cmap, vmin, vmax, cell) in zip(axes, panels, strict=True):
-        im = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
-        for (i, j), v in np.ndenumerate(data):
-            if not math.isnan(v):
-                ax.text(j, i, cell.format(v), ha="center", va="center", fontsize=7,
-                        color="white" if cmap == "viridis" and v < 0.5 else "black")
-        ax.set_xticks(range(len(cols)), cols, rotation=30, fontsize=7)
-        ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths], fontsize=7)
-        ax.set_xlabel("context tokens")
-        ax.set_ylabel("needle depth (0 = start)")
-        ax.set_title(title, fontsize=9)
-        fig.colorbar(im, ax=ax, shrink=0.8)
-    fig.suptitle(f"Needle accuracy by length × depth{f' — {task}' if task else ''}")
+    tasks = list(tasks) if tasks is not None else _tasks(records)
+    df = records[records["task"].isin(tasks)]
+    panels = [p for p in LATENCY_PANELS if p[0] in df.columns and df[p[0]].notna().any()]
+    if df.empty or not panels:
+        raise KVBenchError("nothing to plot: no records with latency fields")
+    settings = _settings(df)
+    # Slowest decode at the top: the order a reader scans for cost.
+    order = (df.groupby("strategy")["decode_ms_per_token"].median().sort_values(ascending=False, kind="mergesort")
+             if "decode_ms_per_token" in df.columns else pd.Series(index=sorted(df["strategy"].unique())))
+    labels = list(order.index)
+    fams = df.drop_duplicates("strategy").set_index("strategy")["family"].astype(str)
+    fig = new_figure(4.2 * len(panels) + 1.2, 0.34 * len(labels) * max(1, len(settings)) ** 0.5 + 1.8)
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    height = 0.75 / len(settings)
+    for ax, (col, scale, title) in zip(axes, panels, strict=True):
+        for k, setting in enumerate(settings):
+            sub = _in_setting(df, setting)
+            data = [scale * sub.loc[sub["strategy"] == s, col].dropna().to_numpy(dtype=float) for s in labels]
+            pos = np.arange(len(labels)) + (k - (len(settings) - 1) / 2) * height
+            keep = [i for i, d in enumerate(data) if d.size]
+            if not keep:
+                continue
+            color = SETTING_COLORS.get(setting, "#0072B2") if setting else "#0072B2"
+            ax.boxplot([data[i] for i in keep], positions=pos[keep], orientation="horizontal", widths=height * 0.85,
+                       whis=(5, 95), showfliers=False, patch_artist=True, manage_ticks=False,
+                       boxprops={"facecolor": color, "alpha": 0.45, "edgecolor": color},
+                       medianprops={"color": "black", "linewidth": 1.2}, whiskerprops={"color": color},
+                       capprops={"color": color})
+        values = scale * df[col].dropna().to_numpy(dtype=float)
+        if values.size and np.nanmin(values) > 0 and np.nanmax(values) / np.nanmin(values) > 50:
+            ax.set_xscale("log")  # compression spans microseconds (none) to seconds (tiered writes)
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(range(len(labels)), [shorten(s) for s in labels], fontsize=8)
+    for tick, s in zip(axes[0].get_yticklabels(), labels, strict=True):
+        tick.set_color(family_color(str(fams.get(s, ""))))
+    axes[0].set_ylim(len(labels) - 0.5, -0.5)
+    if len(settings) > 1:
+        handles = [matplotlib.patches.Patch(color=SETTING_COLORS.get(s, "#777777"), alpha=0.45, label=s)
+                   for s in settings]
+        fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
+    fig.suptitle(f"Latency per strategy, {', '.join(tasks)} pooled (box: quartiles, whiskers: 5–95%)"
+                 f"{_prefill_note(df)}", fontsize=10)
     return fig
 
 
-def tasks_with_depth(records: pd.DataFrame, depth_key: str | None = None) -> list[str]:
-    """Tasks whose records carry a needle depth."""
-    out = []
-    for task, grp in records.groupby("task", sort=True):
-        if any(not math.isnan(sample_depth(m, depth_key)) for m in grp["sample_meta"].head(50)):
-            out.append(str(task))
-    return out
-
-
-def default_needle_strategy(summary: pd.DataFrame, task: str) -> str | None:
-    """The most compressed non-baseline strategy on ``task`` (where depth effects show most); among equally
-    compressed ones the one losing most accuracy, then the first label."""
-    sub = summary[(summary["task"] == task) & (summary["strategy"] != BASELINE)]
-    sub = sub.dropna(subset=["memory_reduction"])
-    if sub.empty:
-        return None
-    order = sub.assign(_d=sub["delta_pp"].fillna(0.0)).sort_values(
-        ["memory_reduction", "_d", "strategy"], ascending=[False, True, True], kind="mergesort")
-    return str(order["strategy"].iloc[0])
+def _prefill_note(records: pd.DataFrame) -> str:
+    base = records[records["strategy"] == BASELINE]
+    if base.empty or "prefill_s" not in base.columns:
+        return ""
+    parts = [f"{t}: {g['prefill_s'].median():.2f} s at {int(g['context_tokens'].median()):,} tokens"
+             for t, g in base.groupby("task", sort=True)]
+    return "\nshared full-attention prefill, median per sample — " + "; ".join(parts)
 
 
 # --------------------------------------------------------------------------------------------- memory
@@ -304,33 +413,41 @@ def model_arch(model: str) -> Any | None:
 
 
 def memory_figure(records: pd.DataFrame, arch: Any | None = None, dtype: str | None = None) -> Figure:
-    """Measured KV bytes per sample vs context length, per strategy, with projected lines.
+    """KV bytes held per context token per strategy (mean over samples), most compact at the bottom, with the
+    saving against ``full`` written on each bar.
 
-    Dashed lines: each strategy's mean measured bytes per token × length. For ``full``, a solid black
-    line: the architecture formula ``2 × layers × kv_heads × head_dim × length × bytes/element`` at the
-    run's dtype (``arch`` defaults to the recorded model's, when resolvable).
+    Offloading strategies are drawn apart, hatched: their bar is the device-resident hot tier only; the
+    rest of their cache sits in host memory or on disk. A vertical line marks the architecture formula
+    ``2 × layers × kv_heads × head_dim × bytes/element`` at the run's dtype (``arch`` defaults to the
+    recorded model's, when resolvable), which ``full`` must meet.
     """
     from kvbench import calc
 
     df = records.dropna(subset=["kv_bytes", "context_tokens"])
     if df.empty:
         raise KVBenchError("nothing to plot: no records with kv_bytes")
-    labels = sorted(df["strategy"].unique(), key=lambda s: (s != BASELINE, s))
-    cmap = matplotlib.colormaps["tab10" if len(labels) <= 10 else "tab20"]
-    ncolors = 10 if len(labels) <= 10 else 20
-    fig = new_figure(11, 6)
+    per = df.groupby("strategy").agg(bpt=("bytes_per_token", "mean"), family=("family", "first"),
+                                     red=("memory_reduction", "mean"))
+    per["off"] = per["family"].map(_offloading)
+    per = per.sort_values(["off", "bpt"], ascending=[True, False], kind="mergesort")
+    kept, moved = per[~per["off"]], per[per["off"]]
+    order = list(kept.index) + list(moved.index)
+    ypos = np.arange(len(order), dtype=float)
+    ypos[len(kept):] += 0.8  # a gap before the offloading group
+    fig = new_figure(8.5, 0.3 * len(order) + 2.2)
     ax = fig.subplots()
-    xmax = float(df["context_tokens"].max())
-    # Whole token counts: the formula is defined per token, and fractional lengths would make it step.
-    xs = np.unique(np.linspace(0, xmax * 1.05, 60).round().astype(int))
-    for i, label in enumerate(labels):
-        sub = df[df["strategy"] == label]
-        color = cmap(i % ncolors)
-        fam = str(sub["family"].iloc[0]) if "family" in sub else ""
-        ax.scatter(sub["context_tokens"], sub["kv_bytes"] / 2**20, color=color, marker=_family_marker(fam),
-                   s=28, label=_short(label, 48), zorder=3)
-        per_token = float(sub["bytes_per_token"].mean())
-        ax.plot(xs, per_token * xs / 2**20, color=color, linestyle="--", linewidth=0.8)
+    scale = 1 / 1024
+    for y, s in zip(ypos, order, strict=True):
+        r = per.loc[s]
+        ax.barh(y, r["bpt"] * scale, height=0.7, color=family_color(r["family"]), alpha=0.85,
+                hatch="///" if r["off"] else None, edgecolor="white" if not r["off"] else "black", linewidth=0.5)
+        note = f"{100 * r['red']:.0f}% saved" + (" (device)" if r["off"] else "")
+        ax.text(r["bpt"] * scale, y, f" {note}", va="center", fontsize=7.5)
+    ax.set_yticks(ypos, [shorten(s) + (" — hot tier on device" if per.loc[s, "off"] else "") for s in order],
+                  fontsize=8)
+    for tick, s in zip(ax.get_yticklabels(), order, strict=True):
+        tick.set_color(family_color(per.loc[s, "family"]))
+    ax.set_ylim(ypos[-1] + 0.6, -0.6)
     model = str(df["model"].iloc[0]) if "model" in df else ""
     arch = arch if arch is not None else (model_arch(model) if model else None)
     dtype = dtype or (str(df["dtype"].iloc[0]) if "dtype" in df else None)
@@ -340,70 +457,165 @@ def memory_figure(records: pd.DataFrame, arch: Any | None = None, dtype: str | N
         except KVBenchError:
             bpe = None
         if bpe is not None:
-            formula = [0.0 if x == 0 else calc.kv_bytes(arch, int(x), 1, bpe) / 2**20 for x in xs]
-            ax.plot(xs, formula, color="black",
-                    linewidth=1.2, label=f"{BASELINE}: architecture formula ({dtype})")
-    ax.set_xlabel("context tokens")
-    ax.set_ylabel("KV cache (MiB held)")
-    ax.set_title("KV memory vs context length (dashed: measured bytes/token × length)")
-    ax.grid(alpha=0.3)
-    ax.set_xlim(0, xmax * 1.05)
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
+            formula = calc.kv_bytes(arch, 1, 1, bpe) * scale
+            ax.axvline(formula, color="black", linewidth=1.0, linestyle="--",
+                       label=f"{BASELINE}: architecture formula ({dtype})")
+            ax.legend(fontsize=8, loc="lower right")
+    xmax = float(per["bpt"].max()) * scale
+    ax.set_xlim(0, xmax * 1.22)
+    ax.set_xlabel("KV cache held per context token (KiB, mean over samples)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title("KV memory per token (hatched: offloading — only the device-resident part)", fontsize=10)
+    return fig
+
+
+# --------------------------------------------------------------------------------------------- needle
+
+
+def needle_table(records: pd.DataFrame, strategy: str, task: str | None = None) -> pd.DataFrame:
+    """Mean score and sample count per (setting, depth, context length) for one strategy: columns setting,
+    depth, length, accuracy, n. Empty when the records carry no depth."""
+    cols = ["setting", "depth", "length", "accuracy", "n"]
+    df = records if task is None else records[records["task"] == task]
+    df = df[df["strategy"] == strategy]
+    if "depth" not in df.columns:
+        return pd.DataFrame(columns=cols)
+    df = df[df["depth"].notna()]
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    df = df.assign(length=df["context_tokens"].astype(int),
+                   setting=df["setting"] if "setting" in df.columns else QUERY_AWARE)
+    out = df.groupby(["setting", "depth", "length"], sort=True)["score"].agg(["mean", "size"]).reset_index()
+    return out.rename(columns={"mean": "accuracy", "size": "n"})[cols]
+
+
+def _length_bins(lengths: Sequence[int], max_bins: int = 6) -> dict[int, str]:
+    """Column label per context length: exact when few, else quantile bins (templates vary lengths a bit)."""
+    uniq = sorted(set(lengths))
+    if len(uniq) <= max_bins:
+        return {v: f"{v:,}" for v in uniq}
+    edges = np.unique(np.quantile(uniq, np.linspace(0, 1, max_bins + 1)).round().astype(int))
+    out = {}
+    for v in uniq:
+        i = min(int(np.searchsorted(edges, v, side="right")) - 1, len(edges) - 2)
+        out[v] = f"{edges[i]:,}–{edges[i + 1]:,}"
+    return out
+
+
+def tasks_with_depth(records: pd.DataFrame) -> list[str]:
+    """Tasks whose records carry a needle depth."""
+    if "depth" not in records.columns:
+        return []
+    return sorted(str(t) for t, g in records.groupby("task", sort=True) if g["depth"].notna().any())
+
+
+def informative_strategies(records: pd.DataFrame, task: str, k: int = 3) -> list[str]:
+    """The ``k`` strategies whose needle accuracy on ``task`` says most about depth: largest spread of
+    accuracy across depth × length cells, then most samples that disagree with ``full``.
+
+    ``full`` and offloading strategies are left out (an exact offloaded cache reads 1.00 everywhere, as does
+    any strategy that loses nothing), and so is a strategy that fails every cell alike (0.00 everywhere).
+    """
+    df = records[(records["task"] == task) & records["depth"].notna()] if "depth" in records else records[:0]
+    if df.empty:
+        return []
+    base = df[df["strategy"] == BASELINE].set_index("sample_id")["score"]
+    scored = []
+    for strategy, g in df.groupby("strategy", sort=True):
+        if strategy == BASELINE or _offloading(g["family"].iloc[0]):
+            continue
+        cells = g.groupby(["depth", "context_tokens"])["score"].mean()
+        spread = float(cells.max() - cells.min()) if len(cells) else 0.0
+        paired = g.set_index("sample_id")["score"].reindex(base.index).dropna()
+        disagree = float((paired != base.reindex(paired.index)).mean()) if len(paired) else 0.0
+        if spread == 0.0 and disagree in (0.0, 1.0):
+            continue  # flat: identical to full, or wrong everywhere
+        scored.append((-spread, -disagree, str(strategy)))
+    return [s for _, _, s in sorted(scored)[:k]]
+
+
+def needle_figure(records: pd.DataFrame, strategies: Sequence[str] | str, task: str | None = None) -> Figure | None:
+    """Heatmaps of accuracy by needle depth (rows) × context length (columns), one panel per strategy with
+    ``full`` first, one row of panels per query setting; each cell shows the accuracy and its ``n``.
+
+    Returns None when the records carry no needle depth for these strategies.
+    """
+    strategies = [strategies] if isinstance(strategies, str) else list(strategies)
+    names = [BASELINE, *[s for s in strategies if s != BASELINE]]
+    tables = {s: needle_table(records, s, task) for s in names}
+    if all(t.empty for t in tables.values()) or all(tables[s].empty for s in names[1:]):
+        return None
+    every = pd.concat([t for t in tables.values() if not t.empty])
+    depths = sorted(every["depth"].unique())
+    settings = [s for s in SETTINGS if s in set(every["setting"])] + sorted(set(every["setting"]) - set(SETTINGS))
+    # Columns per setting: a query-aware prefix holds the question too, so its lengths differ a little.
+    bins = {st: _length_bins(every.loc[every["setting"] == st, "length"].tolist()) for st in settings}
+    ncols = max(len(set(b.values())) for b in bins.values())
+    fig = new_figure(1.2 + len(names) * (1.0 + 0.75 * ncols), 1.0 + len(settings) * (0.9 + 0.42 * len(depths)))
+    axes = fig.subplots(len(settings), len(names), squeeze=False, sharey=True)
+    cmap = matplotlib.colormaps["viridis"]
+    im = None
+    for r, setting in enumerate(settings):
+        cols = list(dict.fromkeys(bins[setting][v] for v in sorted(bins[setting])))
+        for c, name in enumerate(names):
+            ax = axes[r, c]
+            t = tables[name]
+            t = t[t["setting"] == setting].assign(col=lambda d, b=bins[setting]: d["length"].map(b))
+            acc = np.full((len(depths), len(cols)), np.nan)
+            cnt = np.zeros((len(depths), len(cols)), dtype=int)
+            for (depth, col), g in t.groupby(["depth", "col"]):
+                i, j = depths.index(depth), cols.index(col)
+                cnt[i, j] = int(g["n"].sum())
+                acc[i, j] = float((g["accuracy"] * g["n"]).sum() / cnt[i, j])
+            im = ax.imshow(acc, cmap=cmap, vmin=0, vmax=1, aspect="auto")
+            for (i, j), v in np.ndenumerate(acc):
+                if not math.isnan(v):
+                    ax.text(j, i, f"{v:.2f}\nn={cnt[i, j]}", ha="center", va="center", fontsize=7,
+                            color="white" if v < 0.55 else "black")
+            ax.set_xticks(range(len(cols)), cols, fontsize=7)
+            ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths], fontsize=7)
+            if r == len(settings) - 1:
+                ax.set_xlabel("context tokens", fontsize=8)
+            if c == 0:
+                ax.set_ylabel(f"{setting}\nneedle depth" if len(settings) > 1 else "needle depth (0 = start)",
+                              fontsize=8)
+            ax.set_title(shorten(name), fontsize=9)
+    if im is not None:
+        fig.colorbar(im, ax=axes, shrink=0.8, label="accuracy")
+    fig.suptitle(f"Needle accuracy by depth × length{f' — {task}' if task else ''}", fontsize=10)
     return fig
 
 
 # -------------------------------------------------------------------------------------------- writing
 
 
+def resolve_strategy(records: pd.DataFrame, name: str) -> str:
+    """The stored label for ``name``, given as a full label or a short one (``snapkv``)."""
+    labels = sorted(records["strategy"].astype(str).unique())
+    if name in labels:
+        return name
+    hits = [s for s in labels if shorten(s) == name]
+    if len(hits) == 1:
+        return hits[0]
+    raise KVBenchError(f"no strategy {name!r} in the selection; valid: {', '.join(shorten(s) for s in labels)}")
+
+
 def write_all(records: pd.DataFrame, summary: pd.DataFrame, out_dir: str | Path,
-              needle_strategy: str | None = None, needle_tasks: Sequence[str] | None = None,
-              depth_key: str | None = None) -> list[Path]:
-    """Every plot into ``out_dir`` as PNG + SVG: pareto, latency, memory, and one needle heatmap per task
-    with depth metadata (for ``needle_strategy``, default the most compressed strategy there)."""
+              needle_strategies: Sequence[str] | None = None, needle_tasks: Sequence[str] | None = None) -> list[Path]:
+    """Every figure into ``out_dir`` as PNG + SVG: ``pareto`` (pooled scope, or the tasks when nothing is
+    pooled), ``pareto-tasks`` (one panel per task), ``latency``, ``memory``, and ``needle-<task>`` for each
+    task with depth metadata (``needle_strategies``, default the most informative ones there)."""
+    chosen = [resolve_strategy(records, s) for s in needle_strategies or []]
     paths: list[Path] = []
-    for name, fig in (("pareto", pareto_figure(summary)), ("latency", latency_figure(summary)),
-                      ("memory", memory_figure(records))):
+    figures = [("pareto", pareto_figure(summary))]
+    if (summary["task"] == OVERALL).any():
+        figures.append(("pareto-tasks", pareto_figure(summary, scopes=_tasks(summary))))
+    figures += [("latency", latency_figure(records)), ("memory", memory_figure(records))]
+    for name, fig in figures:
         paths += save_figure(fig, out_dir, name)
-    for task in needle_tasks if needle_tasks is not None else tasks_with_depth(records, depth_key):
-        strategy = needle_strategy or default_needle_strategy(summary, task)
-        if strategy is None:
-            continue
-        fig = needle_figure(records, strategy, task, depth_key)
+    for task in needle_tasks if needle_tasks is not None else tasks_with_depth(records):
+        picks = chosen or informative_strategies(records, task)
+        fig = needle_figure(records, picks, task) if picks else None
         if fig is not None:
             paths += save_figure(fig, out_dir, f"needle-{task}")
     return paths
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kvbench.plots",
-                                description="Draw the comparison plots (PNG + SVG) from the result store.")
-    p.add_argument("--results-dir", default="results", help="directory holding store/ (default results)")
-    p.add_argument("--out-dir", default=None, help="where to write (default <results-dir>/plots)")
-    p.add_argument("--model", default=None, help="plot only this model's records")
-    p.add_argument("--task", action="append", default=None, help="plot only these tasks (repeatable, commas)")
-    p.add_argument("--hardware", default=None, help="plot only records of this hardware profile")
-    p.add_argument("--spec-version", default=None, help="plot only records of this spec version")
-    p.add_argument("--dtype", default=None, help="plot only records run in this dtype")
-    p.add_argument("--needle-strategy", default=None,
-                   help="strategy label for the needle heatmap (default: the most compressed per task)")
-    p.add_argument("--depth-key", default=None,
-                   help=f"sample_meta key holding the needle depth (default: first of {', '.join(DEPTH_KEYS)})")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m kvbench.plots``; returns the exit status (0 ok, 2 bad input)."""
-    from kvbench.leaderboard import build, filters_from_args, run_cli
-    from kvbench.results import read_store
-
-    def produce(args: argparse.Namespace) -> list[Path]:
-        lb = build(read_store(args.results_dir), filters_from_args(args))
-        return write_all(lb.records, lb.summary, Path(args.out_dir or Path(args.results_dir) / "plots"),
-                         needle_strategy=args.needle_strategy, depth_key=args.depth_key)
-
-    return run_cli("plots", build_parser(), argv, produce)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

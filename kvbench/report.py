@@ -99,20 +99,29 @@ def _fmt(v: float, spec: str) -> str:
 
 
 def print_table(summary: pd.DataFrame, console: Console | None = None) -> None:
-    """The end-of-run table: strategy, task, n, accuracy, delta (CI), KV MiB, reduction, latency."""
+    """The end-of-run table: strategy, task, n, accuracy, delta (CI), KV MiB, reduction, latency.
+
+    Strategies are named by their short label (parameters that differ from the defaults); the full
+    parameters are in the run's summary.csv and records.
+    """
+    from kvbench.labels import shorten
+
+    labels = [shorten(s) for s in summary["strategy"]] if not summary.empty else []
+    # The other columns take about 120 characters; room for the longest label keeps every row on one line.
+    width = max([150, *(120 + len(label) for label in labels)])
     if console is None:
         console = Console()
-        if not console.is_terminal or console.width < 150:
-            console = Console(width=150)  # pipes and CI logs default to 80 columns, which folds every cell
+        if not console.is_terminal or console.width < width:
+            console = Console(width=width)  # pipes and CI logs default to 80 columns, which folds every cell
     table = Table(title="kvbench results (spec v" + str(summary["spec_version"].iloc[0]) + ")"
                   if not summary.empty else "kvbench results")
     for col in ("strategy", "task", "n", "accuracy", "delta pp (95% CI)", "KV MiB", "reduction", "KL",
                 "prefill s", "decode ms/tok"):
         table.add_column(col, justify="left" if col in ("strategy", "task") else "right",
                          overflow="fold")
-    for r in summary.itertuples():
+    for label, r in zip(labels, summary.itertuples(), strict=True):
         ci = f"{_fmt(r.delta_pp, '+.1f')} [{_fmt(r.delta_ci_low, '+.1f')}, {_fmt(r.delta_ci_high, '+.1f')}]"
-        table.add_row(r.strategy, r.task, str(r.n), _fmt(r.accuracy, ".3f"), ci, _fmt(r.kv_mib, ".2f"),
+        table.add_row(label, r.task, str(r.n), _fmt(r.accuracy, ".3f"), ci, _fmt(r.kv_mib, ".2f"),
                       _fmt(100 * r.memory_reduction, ".1f") + "%", _fmt(r.kl, ".4f"), _fmt(r.prefill_s, ".2f"),
                       _fmt(r.decode_ms_per_token, ".1f"))
     console.print(table)

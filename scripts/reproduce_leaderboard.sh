@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Regenerate the committed leaderboard of the embedded model from scratch:
-#   1. the sweep: every registered strategy (its YAML defaults) on legal, papers and fiction at the
-#      tasks' default length — one `python -m kvbench strategies=[...] task=<task>` per task, so every
+#   1. the sweep: every registered strategy at its YAML defaults on legal, papers and fiction at the tasks'
+#      default length, N_SAMPLES samples per task, in both query settings — query-aware (the question is in
+#      the compressed prefix, task.query_aware=true) and query-agnostic (the context is compressed first and
+#      the question asked afterwards, task.query_aware=false: kvpress's setting). One
+#      `python -m kvbench strategies=[...] task=<task> task.query_aware=<bool>` per (task, setting), so every
 #      strategy shares each sample's prefill and the `full` baseline runs once per sample;
-#   2. the leaderboard (results/leaderboard.md/.csv/.html), the claim check (results/claim_check.md)
-#      and the plots (results/plots/*.png|svg), all from the result store.
+#   2. the leaderboard (results/leaderboard.md/.csv/.html, one table per setting), the claim check
+#      (results/claim_check.md) and the plots (results/plots/*.png|svg), all from the result store — the
+#      same store always gives byte-identical tables;
+#   3. a screenshot of the HTML leaderboard in headless Chromium (results/leaderboard.png) when
+#      `chromium` is installed (scripts/setup_browser.sh).
 #
 # Usage: scripts/reproduce_leaderboard.sh [--fresh] [--dry-run]
 #   --fresh    delete this results directory's runs/, store/ and baselines/ first (otherwise finished
@@ -12,7 +18,8 @@
 #   --dry-run  print the commands instead of running them
 # Environment: PYTHON (default .venv/bin/python if present, else python), MODEL (default smollm2-135m),
 #   HARDWARE (default cpu), RESULTS_DIR (default results), TASKS (default "legal papers fiction"),
-#   N_SAMPLES (default: each task's own n_samples; the committed leaderboard states the value it used).
+#   N_SAMPLES (default 100), SETTINGS (default "true false": the task.query_aware values to run),
+#   OVERRIDES (extra Hydra overrides for every run, e.g. "task.context_tokens=512" for a quick check).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -28,7 +35,9 @@ MODEL="${MODEL:-smollm2-135m}"
 HARDWARE="${HARDWARE:-cpu}"
 RESULTS_DIR="${RESULTS_DIR:-results}"
 TASKS="${TASKS:-legal papers fiction}"
-N_SAMPLES="${N_SAMPLES:-}"
+N_SAMPLES="${N_SAMPLES:-100}"
+SETTINGS="${SETTINGS:-true false}"
+read -r -a OVERRIDES <<< "${OVERRIDES:-}"
 
 fresh=0
 dry=0
@@ -40,6 +49,16 @@ for arg in "$@"; do
     *) echo "reproduce_leaderboard.sh: unknown argument $arg (valid: --fresh, --dry-run)" >&2; exit 2 ;;
   esac
 done
+for qa in $SETTINGS; do
+  case "$qa" in
+    true|false) ;;
+    *) echo "reproduce_leaderboard.sh: SETTINGS holds $qa (valid: true, false)" >&2; exit 2 ;;
+  esac
+done
+if ! [[ "$N_SAMPLES" =~ ^[1-9][0-9]*$ ]]; then
+  echo "reproduce_leaderboard.sh: N_SAMPLES must be a positive integer, got '$N_SAMPLES'" >&2
+  exit 2
+fi
 
 run() {
   echo "+ $*"
@@ -56,14 +75,24 @@ if [[ "$fresh" == 1 ]]; then
   run rm -rf "$RESULTS_DIR/runs" "$RESULTS_DIR/store" "$RESULTS_DIR/baselines"
 fi
 
-extra=()
-if [[ -n "$N_SAMPLES" ]]; then
-  extra+=("task.n_samples=$N_SAMPLES")
-fi
 for task in $TASKS; do
-  run "$PY" -m kvbench "strategies=[$STRATEGIES]" "task=$task" "model=$MODEL" "hardware=$HARDWARE" \
-    "results_dir=$RESULTS_DIR" engine.progress=false "${extra[@]}"
+  for qa in $SETTINGS; do
+    run "$PY" -m kvbench "strategies=[$STRATEGIES]" "task=$task" "task.query_aware=$qa" \
+      "task.n_samples=$N_SAMPLES" "model=$MODEL" "hardware=$HARDWARE" "results_dir=$RESULTS_DIR" \
+      engine.progress=false ${OVERRIDES[@]+"${OVERRIDES[@]}"}
+  done
 done
 
 # Leaderboard + claim check + plots, ranked for this model and hardware profile only.
 run "$PY" -m kvbench leaderboard --results-dir "$RESULTS_DIR" --model "$MODEL" --hardware "$HARDWARE" --plots
+
+# What a reader sees in a browser, next to the page (docs/leaderboard.md shows it).
+CHROME="$(command -v chromium || command -v chromium-browser || true)"
+if [[ -n "$CHROME" ]]; then
+  page="$(cd "$RESULTS_DIR" && pwd)/leaderboard.html"
+  # --no-sandbox: Chromium refuses its sandbox as root (containers, CI).
+  run "$CHROME" --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,1000 \
+    --screenshot="$RESULTS_DIR/leaderboard.png" "file://$page" 2>/dev/null  # its D-Bus warnings are noise here
+else
+  echo "no chromium: skipping the leaderboard screenshot (scripts/setup_browser.sh installs it)"
+fi

@@ -12,6 +12,7 @@ import pytest
 
 from kvbench import SPEC_VERSION, claims, leaderboard
 from kvbench.errors import KVBenchError
+from kvbench.labels import shorten
 from kvbench.results import atomic_write_parquet, read_store
 
 OUTPUTS = ("leaderboard.md", "leaderboard.csv", "leaderboard.html", "claim_check.md")
@@ -56,7 +57,11 @@ def test_writes_markdown_csv_html_and_claim_check(store_dir, records, tmp_path, 
     assert full["alpha.delta_pp"] == 0 and full["alpha.bytes_per_token"] == pytest.approx(512.0)
 
     md = (tmp_path / "leaderboard.md").read_text()
-    assert all(f"| {label} |" in md for label in labels)
+    # Tables name strategies by their short label; the CSV keeps both.
+    assert all(f"| {shorten(label)} |" in md for label in labels)
+    assert sorted(table["label"]) == sorted(shorten(label) for label in labels)
+    assert "## Query-agnostic" in md and "## Query-aware" not in md  # the fixture's one setting, labelled
+    assert set(table["setting"]) == {"query-agnostic"}
     page = (tmp_path / "leaderboard.html").read_text()
     assert "<style>" in page and "<script>" in page and "addEventListener" in page
     assert "src=" not in page and "href=" not in page and "http" not in page  # self-contained
@@ -126,7 +131,7 @@ def test_sort_missing_values_go_last():
 
 
 def test_unknown_sort_column_names_the_valid_ones(records, store_dir, tmp_path, capsys):
-    with pytest.raises(KVBenchError, match="cannot sort by 'nope'; valid columns: strategy"):
+    with pytest.raises(KVBenchError, match="cannot sort by 'nope'; valid columns: setting, strategy"):
         leaderboard.build(records, sort="nope")
     assert leaderboard.main(["--results-dir", str(store_dir), "--out-dir", str(tmp_path), "--sort", "nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -355,3 +360,135 @@ def test_fiction_evidence_breaks_the_loss_down_by_depth(records):
     fiction = next(r for r in check.scenarios if r.scenario.task == "fiction")
     assert fiction.holds is not None and "at depth 0.1" in fiction.evidence
     assert claims.depth_deltas(lb.records.assign(sample_meta="{}"), "fiction", dropping) == {}
+
+
+# -------------------------------------------------------------------------------- query settings
+
+
+@pytest.fixture(scope="session")
+def store_both(store_dir, tmp_path_factory) -> Path:
+    """The fixture store plus the same samples run query-aware: both settings side by side."""
+    from conftest import _store_builder
+
+    root = _store_builder().cached_store(tmp_path_factory.getbasetemp() / "kvbench-store-aware", (True,))
+    both = tmp_path_factory.getbasetemp() / "kvbench-store-both"
+    if not both.exists():
+        (both / "store").mkdir(parents=True)
+        for src in (store_dir, root):
+            for f in sorted((src / "store").glob("*.parquet")):
+                shutil.copy(f, both / "store" / f.name)
+    return both
+
+
+def test_both_settings_get_their_own_labelled_tables(store_both, tmp_path):
+    assert leaderboard.main(["--results-dir", str(store_both), "--out-dir", str(tmp_path)]) == 0
+    table = pd.read_csv(tmp_path / "leaderboard.csv")
+    assert list(dict.fromkeys(table["setting"])) == ["query-aware", "query-agnostic"]  # aware first, grouped
+    per = table.groupby("setting")["strategy"].apply(sorted)
+    assert per["query-aware"] == per["query-agnostic"]
+    for setting in ("query-aware", "query-agnostic"):
+        rows = table[table["setting"] == setting]
+        assert (rows["alpha.n"] == 6).all()  # each setting pairs with its own full baseline only
+        assert rows.loc[rows["strategy"] == "full", "all.delta_pp"].iloc[0] == 0
+    md = (tmp_path / "leaderboard.md").read_text()
+    aware, agnostic = md.index("## Query-aware"), md.index("## Query-agnostic")
+    assert aware < agnostic and "task.query_aware=false" in md[agnostic:]
+    page = (tmp_path / "leaderboard.html").read_text()
+    assert page.count("<table") == 2 and 'data-setting="query-agnostic"' in page
+    claims_md = (tmp_path / "claim_check.md").read_text()
+    assert "# Claim check — query-aware" in claims_md and "# Claim check — query-agnostic" in claims_md
+
+
+def test_setting_filter_and_its_error(store_both, capsys, tmp_path):
+    lb = leaderboard.build(read_store(store_both), leaderboard.Filters(setting="query-aware"))
+    assert set(lb.table["setting"]) == {"query-aware"} and set(lb.records["query_aware"]) == {True}
+    assert leaderboard.main(["--results-dir", str(store_both), "--out-dir", str(tmp_path), "--setting", "x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "query-aware" in err[0] and "query-agnostic" in err[0]
+
+
+def test_paired_test_columns_are_rendered_when_the_summary_has_them(records, monkeypatch):
+    # The summary's paired-test columns (discordant pairs, McNemar p, CI method) appear in the CSV for every
+    # scope and next to the pooled delta in the tables; a summary without them renders as before.
+    real = leaderboard.summarize
+
+    def with_tests(recs, *args, **kwargs):
+        out = real(recs, *args, **kwargs)
+        return out.assign(delta_method="newcombe-paired", n_only_strategy=1, n_only_baseline=3, mcnemar_p=0.62)
+
+    monkeypatch.setattr(leaderboard, "summarize", with_tests)
+    lb = leaderboard.build(records)
+    for scope in ("alpha", "beta", "all"):
+        for col in leaderboard.TEST_COLUMNS:
+            assert f"{scope}.{col}" in lb.table.columns
+    md = leaderboard.render_markdown(lb)
+    assert "all tasks: only strategy / only full right" in md and "| +1 / −3 |" in md
+    assert "delta_method" in md  # the header names where the CI method is recorded
+    csv = leaderboard.render_csv(lb)
+    assert "newcombe-paired" in csv and "0.62" in csv
+
+
+def test_html_renders_markdown_and_marks_best_first_directions(records):
+    page = leaderboard.render_html(leaderboard.build(records))
+    text = page.split("<body>", 1)[1].split("<script>", 1)[0]
+    assert "**" not in text and "`" not in text and "*all tasks*" not in text
+    assert "<strong>tiny-llama</strong>" in text and "<code>full</code>" in text and "<em>all tasks</em>" in text
+    # First click sorts best first: larger-is-better columns descend, smaller-is-better and text ascend.
+    assert 'data-best="desc" data-key="all.delta_pp" class="desc"' in text  # the current order, marked
+    assert 'data-best="asc" data-key="alpha.bytes_per_token"' in text
+    assert 'data-best="asc" data-key="label"' in text
+
+
+def test_inline_markdown_escapes_html():
+    assert leaderboard.inline_markdown("a <b> `x<y>` **B** *i*") == (
+        "a &lt;b&gt; <code>x&lt;y&gt;</code> <strong>B</strong> <em>i</em>")
+
+
+# ------------------------------------------------------------------------------------ short labels
+
+
+def test_short_label_keeps_only_what_differs_from_the_defaults():
+    import strategies
+    from kvbench.labels import short_label, split_label
+
+    for name in strategies.available():  # every strategy at its defaults is just its name
+        assert shorten(strategies.build(name).label()) == name
+    # compression_ratio=None resolves to 0.5 when built: the recorded 0.5 is a default too.
+    assert shorten("snapkv(budget_tokens=None,compression_ratio=0.5,kernel_size=7,pooling=max,window_size=32)") \
+        == "snapkv"
+    assert shorten(strategies.build("snapkv", {"compression_ratio": 0.75, "window_size": 16}).label()) == \
+        "snapkv(compression_ratio=0.75,window_size=16)"
+    inner = {"compression_ratio": 0.75, "recent_fraction": 0.25}
+    nested = strategies.build("compose", {"evict": "h2o", "evict_params": inner})
+    name, params = split_label(nested.label())
+    assert name == "compose" and params["evict_params"] == str(inner)  # commas inside braces stay in the value
+    assert shorten(nested.label()) == f"compose(evict=h2o,evict_params={inner})"
+    # Unknown strategies (other branches, imported results) keep every parameter; plain names pass through.
+    assert shorten("mystery(a=1,b=2)") == "mystery(a=1,b=2)" and shorten("full") == "full"
+    assert short_label("int8", {"group_size": 64, "axis": "channel"}) == "int8(axis=channel)"
+
+
+def test_end_of_run_table_uses_short_labels_on_one_line(records, capsys):
+    from rich.console import Console
+
+    from kvbench.report import print_table, summarize
+
+    summary = summarize(leaderboard.paired_records(records))
+    console = Console(width=150, record=True)
+    print_table(summary, console)
+    text = console.export_text()
+    for label in ("int8(group_size=8)", "int4(group_size=8,residual_length=0)", "streaming_llm", "full"):
+        assert f"│ {label} " in text  # whole, on one line
+    assert "budget_tokens" not in text and "pooling=max" not in text  # defaults left out
+    # Printing to a pipe, the table widens to keep even a long label on one line.
+    print_table(summary)
+    assert "│ snapkv(compression_ratio=0.75,kernel_size=3,window_size=4) " in capsys.readouterr().out
+
+
+def test_paired_records_read_the_needle_depth_from_sample_meta():
+    from kvbench.selection import sample_depth
+
+    assert sample_depth('{"depth": 0.25}') == 0.25
+    assert sample_depth({"depths": [0.2, 0.4]}) == pytest.approx(0.3)
+    assert sample_depth({"pos": 0.7}, key="pos") == 0.7
+    assert pd.isna(sample_depth("not json")) and pd.isna(sample_depth({"depth": True}))

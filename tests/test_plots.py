@@ -1,20 +1,44 @@
-"""Comparison plots: every figure written as non-empty PNG + SVG from a real fixture store, the Pareto front
-on a known answer, and the needle heatmap's fallbacks."""
+"""Comparison figures: every figure written as non-empty PNG + SVG from a real fixture store, the Pareto front
+on a known answer, labels that never overlap, offloading drawn apart, latency by stage, needle maps with n."""
 
 from __future__ import annotations
 
+import ast
+import itertools
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from matplotlib.text import Text
 
 from kvbench import calc, leaderboard, plots
+from kvbench.errors import KVBenchError
+from kvbench.labels import shorten
 from kvbench.results import read_store
 
 
 @pytest.fixture(scope="session")
 def board(store_dir) -> leaderboard.Leaderboard:
     return leaderboard.build(read_store(store_dir))
+
+
+@pytest.fixture(scope="session")
+def board_both(store_dir, tmp_path_factory) -> leaderboard.Leaderboard:
+    """The fixture store plus the same samples run query-aware."""
+    from conftest import _store_builder
+
+    root = _store_builder().cached_store(tmp_path_factory.getbasetemp() / "kvbench-store-aware", (True,))
+    both = tmp_path_factory.getbasetemp() / "kvbench-store-both"
+    if not both.exists():
+        (both / "store").mkdir(parents=True)
+        for src in (store_dir, root):
+            for f in sorted((src / "store").glob("*.parquet")):
+                shutil.copy(f, both / "store" / f.name)
+    return leaderboard.build(read_store(both))
 
 
 def _check_images(paths: list[Path]) -> None:
@@ -27,24 +51,51 @@ def _check_images(paths: list[Path]) -> None:
             assert b"<svg" in data[:2000]
 
 
+def _texts(ax) -> list:
+    return [t for t in ax.texts if t.get_visible() and t.get_text()]
+
+
+def _text_box(t, renderer):
+    """The text's own box (an annotation's extent would include its leader line)."""
+    return Text.get_window_extent(t, renderer)
+
+
+def _boxes_overlap(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
 def test_writes_every_plot_as_png_and_svg(store_dir, tmp_path, capsys):
     # Through `kvbench leaderboard --plots`, which draws them from the same selection as the tables.
     assert leaderboard.main(["--results-dir", str(store_dir), "--out-dir", str(tmp_path), "--plots"]) == 0
     plots_dir = tmp_path / "plots"
     names = {p.name for p in plots_dir.iterdir()}
-    for stem in ("pareto", "latency", "memory", "needle-alpha", "needle-beta"):
+    for stem in ("pareto", "pareto-tasks", "latency", "memory", "needle-alpha", "needle-beta"):
         assert {f"{stem}.png", f"{stem}.svg"} <= names
     _check_images(sorted(plots_dir.iterdir()))
     assert sum(line.startswith(str(plots_dir)) for line in capsys.readouterr().out.splitlines()) == len(names)
 
 
-def test_plots_command_filters_and_errors(store_dir, tmp_path, capsys):
-    assert plots.main(["--results-dir", str(store_dir), "--out-dir", str(tmp_path), "--task", "beta"]) == 0
-    names = {p.name for p in tmp_path.iterdir()}
+def test_plots_only_filters_and_errors(store_dir, tmp_path, capsys):
+    argv = ["--results-dir", str(store_dir), "--out-dir", str(tmp_path), "--plots-only", "--task", "beta"]
+    assert leaderboard.main(argv) == 0
+    names = {p.name for p in (tmp_path / "plots").iterdir()}
     assert "needle-beta.svg" in names and "needle-alpha.svg" not in names
-    assert plots.main(["--results-dir", str(store_dir), "--model", "nope"]) == 2
+    assert not (tmp_path / "leaderboard.md").exists()
+    assert leaderboard.main([*argv, "--needle-strategy", "streaming_llm"]) == 0  # a short label is enough
+    assert leaderboard.main(["--results-dir", str(store_dir), "--model", "nope", "--plots"]) == 2
+    assert leaderboard.main([*argv, "--needle-strategy", "nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "no records with model 'nope'" in err[0]
+    assert len(err) == 2 and "no records with model 'nope'" in err[0]
+    assert "no strategy 'nope'" in err[1] and "snapkv(" in err[1]
+
+
+def test_plots_module_is_pure_figures():
+    # No command line of its own and no reach into the leaderboard: filters live in kvbench.selection.
+    tree = ast.parse(Path(plots.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "kvbench.leaderboard" not in imported and "argparse" not in imported
+    assert not hasattr(plots, "main")
 
 
 def test_svg_is_repeatable(board, tmp_path):
@@ -60,48 +111,157 @@ def test_pareto_front_known_answer():
     assert plots.pareto_front(x, y) == [5, 3, 4]
 
 
-def test_pareto_panels_and_markers_per_family(board):
-    fig = plots.pareto_figure(board.summary)
-    axes = [ax for ax in fig.axes if ax.get_visible()]
-    assert [ax.get_title() for ax in axes] == ["alpha", "beta"]
-    legend = {t.get_text() for t in axes[0].get_legend().get_texts()}
+def test_pareto_labels_every_strategy_once_without_overlap(board):
+    fig = plots.pareto_figure(board.summary, scopes=["alpha", "beta"])
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.get_title()]
+    assert [ax.get_title() for ax in panels][:2] == ["alpha — query-agnostic", "beta — query-agnostic"]
+    for ax, task in zip(panels, ("alpha", "beta"), strict=False):
+        labels = sorted(shorten(s) for s in board.summary.loc[board.summary["task"] == task, "strategy"])
+        texts = _texts(ax)
+        assert sorted(t.get_text() for t in texts) == labels
+        boxes = [_text_box(t, renderer) for t in texts]
+        frame = ax.get_window_extent(renderer)
+        for a, b in itertools.combinations(boxes, 2):
+            assert not _boxes_overlap(a, b)
+        assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1 for b in boxes)
+    legend = {t.get_text() for t in fig.legends[0].get_texts()}
     assert {"baseline", "quantization", "eviction", "Pareto front"} <= legend
 
 
-def test_memory_plot_formula_line_matches_measured_full(board):
+def test_pareto_draws_offloading_apart_as_device_memory(board):
+    summary = board.summary
+    tiered = summary[summary["strategy"] == "full"].assign(strategy="tiered(recent_tokens=8)", family="tiered",
+                                                           memory_reduction=0.97)
+    fig = plots.pareto_figure(pd.concat([summary, tiered], ignore_index=True))
+    main, side = [ax for ax in fig.axes if ax.get_visible()][:2]
+    assert "tiered(recent_tokens=8)" not in {t.get_text() for t in _texts(main)}
+    assert {t.get_text() for t in _texts(side)} == {"tiered(recent_tokens=8)"}
+    assert "device memory" in side.get_title()
+    assert main.get_xlim()[1] <= 100  # the main axis stays within bytes saved
+    # Without an offloading strategy the side panel is hidden.
+    fig = plots.pareto_figure(summary)
+    assert not fig.axes[1].get_visible()
+
+
+def test_pareto_rows_per_setting(board_both):
+    fig = plots.pareto_figure(board_both.summary)
+    titles = [ax.get_title() for ax in fig.axes if ax.get_visible() and "pooled" in ax.get_title()]
+    assert titles == ["all tasks (pooled) — query-aware", "all tasks (pooled) — query-agnostic"]
+
+
+def test_dodge_spreads_equal_x_in_y_order():
+    x = [50.0, 50.0, 50.0, 20.0, float("nan")]
+    y = [-10.0, 0.0, -5.0, 3.0, 1.0]
+    out = plots.dodge(x, y, width=1.0)
+    assert out[3] == 20.0 and np.isnan(out[4])
+    assert list(out[[1, 2, 0]]) == [49.0, 50.0, 51.0]  # best accuracy leftmost, centred on the true x
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 100), st.floats(-100, 0)), min_size=1, max_size=14))
+def test_label_points_never_overlap_each_other(points):
+    fig = plots.new_figure(7, 4.5)
+    ax = fig.subplots()
+    ax.set_xlim(-5, 105)
+    ax.set_ylim(-110, 10)
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    ax.scatter(xs, ys)
+    labels = [f"strategy_{i}(x={i})" for i in range(len(points))]
+    texts = plots.label_points(ax, xs, ys, labels, ["black"] * len(points))
+    fig.canvas.draw()
+    assert sorted(t.get_text() for t in texts) == sorted(labels)
+    renderer = fig.canvas.get_renderer()
+    boxes = [_text_box(t, renderer) for t in texts]
+    # Fourteen long labels fit in this panel; when a panel is too crowded the last labels may touch.
+    for a, b in itertools.combinations(boxes, 2):
+        assert not _boxes_overlap(a, b)
+
+
+def test_latency_shows_what_differs_with_spread(board_both):
+    fig = plots.latency_figure(board_both.records)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["compression (ms)", "question tokens (ms)", "decode (ms / token)"]
+    ticks = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert sorted(ticks) == sorted(shorten(s) for s in board_both.records["strategy"].unique())
+    assert "prefill" in fig.get_suptitle() and "alpha" in fig.get_suptitle()
+    # One box per (strategy, setting): the spread over samples, not one bar per task.
+    n_boxes = sum(1 for p in fig.axes[2].patches if p.get_visible())
+    assert n_boxes == 2 * len(ticks)
+    assert {t.get_text() for t in fig.legends[0].get_texts()} == {"query-aware", "query-agnostic"}
+
+
+def test_memory_figure_formula_line_and_offloading_apart(board):
     # The fixture's tiny Llama: 2 layers, 2 KV heads, head_dim 16, float32 cache.
     from kvbench.models import tiny_llama
 
     arch = calc.arch_from_config(tiny_llama().config, name="tiny-llama")
     fig = plots.memory_figure(board.records, arch=arch)
-    labels = [line.get_label() for line in fig.axes[0].get_lines()]
-    assert "full: architecture formula (float32)" in labels
+    ax = fig.axes[0]
+    (formula,) = [line for line in ax.get_lines() if "formula" in line.get_label()]
+    assert formula.get_label() == "full: architecture formula (float32)"
     full = board.records[board.records["strategy"] == "full"]
-    for length, kv in zip(full["context_tokens"], full["kv_bytes"], strict=True):
-        assert kv == calc.kv_bytes(arch, int(length), 1, calc.dtype_bytes("float32"))
+    per_token = calc.kv_bytes(arch, 1, 1, calc.dtype_bytes("float32"))
+    assert formula.get_xdata()[0] == pytest.approx(per_token / 1024)
+    assert (full["bytes_per_token"] == per_token).all()
+    ticks = [t.get_text() for t in ax.get_yticklabels()]
+    assert sorted(ticks) == sorted(shorten(s) for s in board.records["strategy"].unique())
     # A model calc cannot resolve gets no formula line rather than a guessed one.
     fig = plots.memory_figure(board.records)
     assert not any("formula" in line.get_label() for line in fig.axes[0].get_lines())
+    # An offloading strategy is drawn last, hatched, named as device memory.
+    tiered = full.assign(strategy="tiered", family="tiered", bytes_per_token=16.0, memory_reduction=0.97)
+    fig = plots.memory_figure(pd.concat([board.records, tiered], ignore_index=True))
+    ticks = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert ticks[-1] == "tiered — hot tier on device"
+    assert fig.axes[0].patches[-1].get_hatch()
+
+
+def test_needle_maps_most_informative_strategies_with_n(board_both):
+    recs = board_both.records
+    picks = plots.informative_strategies(recs, "alpha")
+    assert picks and "full" not in picks and len(picks) <= 3
+    fig = plots.needle_figure(recs, picks, "alpha")
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == [shorten(s) for s in ["full", *picks]] * 2  # a row per setting
+    assert panels[0].get_ylabel().startswith("query-aware") and panels[len(picks) + 1].get_ylabel().startswith(
+        "query-agnostic")
+    cells = [t.get_text() for t in panels[0].texts]
+    assert cells and all(t.endswith("n=1") for t in cells)  # one sample per (depth, length) in the fixture
+
+
+def test_informative_strategies_skip_flat_and_offloading(board):
+    recs = board.records
+    alpha = recs[recs["task"] == "alpha"]
+    same = alpha[alpha["strategy"] == "full"].assign(strategy="copy_of_full", family="quantization")
+    wrong = same.assign(strategy="always_wrong", score=0.0)
+    offl = alpha[alpha["strategy"] == "snapkv(compression_ratio=0.75,kernel_size=3,window_size=4)"]
+    offl = offl.assign(strategy="tiered", family="tiered")
+    picks = plots.informative_strategies(pd.concat([recs, same, wrong, offl], ignore_index=True), "alpha", k=10)
+    assert not {"full", "copy_of_full", "always_wrong", "tiered"} & set(picks)
 
 
 def test_needle_heatmap_with_one_length_and_without_depth(board):
     recs = board.records
     one_length = recs[recs["context_tokens"] == recs["context_tokens"].min()]
-    strategy = plots.default_needle_strategy(board.summary, "alpha")
-    assert strategy is not None and strategy != "full"
-    table = plots.needle_table(one_length, strategy, "alpha")
+    picks = plots.informative_strategies(recs, "alpha")
+    table = plots.needle_table(one_length, picks[0], "alpha")
     assert set(table["length"]) == {int(recs["context_tokens"].min())} and len(set(table["depth"])) == 3
-    assert plots.needle_figure(one_length, strategy, "alpha") is not None
-    no_depth = recs.assign(sample_meta="{}")
-    assert plots.needle_figure(no_depth, strategy, "alpha") is None
+    assert plots.needle_figure(one_length, picks, "alpha") is not None
+    no_depth = recs.assign(depth=float("nan"))
+    assert plots.needle_figure(no_depth, picks, "alpha") is None
     assert plots.tasks_with_depth(no_depth) == []
 
 
-def test_sample_depth_reads_scalars_lists_and_json():
-    assert plots.sample_depth('{"depth": 0.25}') == 0.25
-    assert plots.sample_depth({"depths": [0.2, 0.4]}) == pytest.approx(0.3)
-    assert plots.sample_depth({"pos": 0.7}, key="pos") == 0.7
-    assert pd.isna(plots.sample_depth("not json")) and pd.isna(plots.sample_depth({"depth": True}))
+def test_resolve_strategy_by_short_or_full_label(board):
+    full_label = "snapkv(budget_tokens=None,compression_ratio=0.75,kernel_size=3,pooling=max,window_size=4)"
+    recs = board.records
+    stored = [s for s in recs["strategy"].unique() if s.startswith("snapkv")][0]
+    assert plots.resolve_strategy(recs, stored) == stored
+    assert plots.resolve_strategy(recs, shorten(stored)) == stored
+    with pytest.raises(KVBenchError, match="valid: "):
+        plots.resolve_strategy(recs, full_label + "x")
 
 
 def test_length_bins_group_many_lengths():

@@ -1,0 +1,203 @@
+"""Which records of the result store are compared, and the command-line flags that choose them.
+
+The one owner of store filters for every reader of the store (``kvbench leaderboard``, its plots, the
+notebook): :class:`Filters` and :func:`add_filter_arguments` define the flags once; :func:`select_records`
+applies them; :func:`check_comparable` refuses to rank records of different models, specs, hardware or
+dtypes together; :func:`paired_records` keys every record by what its sample *is* so strategies pair with
+``full`` on identical samples, and adds the derived columns figures read (``setting``, ``depth``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvbench.claims import DEPTH_KEYS, sample_depth
+from kvbench.errors import KVBenchError
+from kvbench.results import stable_hash
+
+#: Fields that must hold a single value among the records ranked together, with the flag selecting one.
+HOMOGENEOUS: dict[str, str] = {
+    "spec_version": "--spec-version",
+    "model": "--model",
+    "hardware": "--hardware",
+    "dtype": "--dtype",
+}
+
+#: The two query settings (spec: where the question sits relative to the compressed prefix).
+QUERY_AWARE = "query-aware"        # the question is inside the compressed prefix (kvbench's task default)
+QUERY_AGNOSTIC = "query-agnostic"  # the context is compressed first and the question asked afterwards (kvpress)
+SETTINGS = (QUERY_AWARE, QUERY_AGNOSTIC)
+SETTING_TEXT = {
+    QUERY_AWARE: "query-aware: the question is part of the compressed prefix (task.query_aware=true)",
+    QUERY_AGNOSTIC: "query-agnostic: the context is compressed before the question is asked "
+                    "(task.query_aware=false, kvpress's setting)",
+}
+
+
+def setting_of(query_aware: Any) -> str:
+    """The setting name of a record's ``query_aware`` flag (records without one count as query-aware,
+    the tasks' default)."""
+    if query_aware is None or (isinstance(query_aware, float) and math.isnan(query_aware)):
+        return QUERY_AWARE
+    if isinstance(query_aware, str):
+        return QUERY_AGNOSTIC if query_aware.strip().lower() in ("false", "0", "no") else QUERY_AWARE
+    return QUERY_AWARE if bool(query_aware) else QUERY_AGNOSTIC
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Which records to compare; ``None`` keeps everything for that field."""
+
+    model: str | None = None
+    tasks: tuple[str, ...] | None = None
+    hardware: str | None = None
+    spec_version: str | None = None
+    dtype: str | None = None
+    setting: str | None = None
+
+    def describe(self) -> str:
+        """The filter flags as they would be typed, for page headers."""
+        parts = [f"--{k.replace('_', '-')} {v}" for k, v in
+                 (("model", self.model), ("hardware", self.hardware), ("spec_version", self.spec_version),
+                  ("dtype", self.dtype), ("setting", self.setting)) if v is not None]
+        if self.tasks:
+            parts.append("--task " + ",".join(self.tasks))
+        return " ".join(parts) or "(none)"
+
+
+def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
+    """The store and filter flags, shared by every command that reads the store."""
+    parser.add_argument("--results-dir", default="results", help="directory holding store/ (default results)")
+    parser.add_argument("--model", default=None, help="only this model's records")
+    parser.add_argument("--task", action="append", default=None,
+                        help="only these tasks (repeat the flag or separate with commas)")
+    parser.add_argument("--hardware", default=None, help="only records of this hardware profile")
+    parser.add_argument("--spec-version", default=None, help="only records of this measurement spec version")
+    parser.add_argument("--dtype", default=None, help="only records run in this dtype")
+    parser.add_argument("--setting", default=None,
+                        help=f"only one query setting: {' or '.join(SETTINGS)} (default: both, reported apart)")
+
+
+def filters_from_args(args: argparse.Namespace) -> Filters:
+    setting = getattr(args, "setting", None)
+    if setting is not None and setting not in SETTINGS:
+        raise KVBenchError(f"unknown setting {setting!r}; valid: {', '.join(SETTINGS)}")
+    tasks = tuple(t for arg in args.task or [] for t in arg.split(",") if t) or None
+    return Filters(model=args.model, tasks=tasks, hardware=args.hardware, spec_version=args.spec_version,
+                   dtype=args.dtype, setting=setting)
+
+
+def _distinct(values: pd.Series) -> list[str]:
+    return sorted({str(v) for v in values.dropna()})
+
+
+def with_setting(records: pd.DataFrame) -> pd.DataFrame:
+    """``records`` with a ``setting`` column derived from ``query_aware`` (kept when already there)."""
+    if "setting" in records.columns:
+        return records
+    qa = records["query_aware"] if "query_aware" in records.columns else pd.Series(None, index=records.index)
+    return records.assign(setting=[setting_of(v) for v in qa])
+
+
+def select_records(records: pd.DataFrame, filters: Filters) -> pd.DataFrame:
+    """Apply ``filters``; an empty selection raises an error naming the values that do exist."""
+    if records.empty:
+        raise KVBenchError("the result store is empty; run a benchmark first, e.g. "
+                           "`python -m kvbench strategies=[full,int8] task=legal`")
+    out = with_setting(records)
+    for col, wanted in (("model", filters.model), ("hardware", filters.hardware),
+                        ("spec_version", filters.spec_version), ("dtype", filters.dtype),
+                        ("setting", filters.setting)):
+        if wanted is None:
+            continue
+        if col not in out.columns:
+            raise KVBenchError(f"records carry no {col!r} field, so --{col.replace('_', '-')} cannot select")
+        have = _distinct(out[col])
+        out = out[out[col].astype(str) == str(wanted)]
+        if out.empty:
+            raise KVBenchError(f"no records with {col} {wanted!r}; found: {', '.join(have) or '(none)'}")
+    if filters.tasks:
+        have = _distinct(out["task"])
+        missing = [t for t in filters.tasks if t not in have]
+        if missing:
+            raise KVBenchError(f"no records for task {', '.join(missing)}; found: {', '.join(have)}")
+        out = out[out["task"].isin(filters.tasks)]
+    return out.reset_index(drop=True)
+
+
+def check_comparable(records: pd.DataFrame) -> None:
+    """Refuse to rank records of different spec versions, models, hardware profiles or dtypes together."""
+    mixed = []
+    for col, flag in HOMOGENEOUS.items():
+        if col in records.columns:
+            found = _distinct(records[col])
+            if len(found) > 1:
+                mixed.append((col, flag, found))
+    if mixed:
+        what = "; ".join(f"{col.replace('_', ' ')}s {', '.join(found)}" for col, _, found in mixed)
+        flags = " and ".join(f"{flag} {found[0]}" for _, flag, found in mixed)
+        raise KVBenchError(f"the selected records mix {what}; only one of each is ranked together — "
+                           f"select with e.g. {flags}")
+
+
+def json_text(value: Any) -> str:
+    """Nested fields are JSON strings in the store but dicts in records.jsonl; compare them as text."""
+    if isinstance(value, str):
+        return value
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "null"
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def paired_records(records: pd.DataFrame, depth_key: str | None = None) -> pd.DataFrame:
+    """Records ready for :func:`kvbench.report.summarize`: one per (task, strategy, sample), keyed by what
+    the sample *is*, with ``setting`` and ``depth`` (the needle depth, NaN when none) columns added.
+
+    Different runs reuse sample ids (a task at two context lengths, two runs that both include
+    ``full``), and ``summarize`` pairs on ``sample_id`` alone. So ``sample_id`` is replaced by a key
+    that also covers the sample's exact length, metadata (depth, seed, template, variant) and the
+    run conditions that change its tokens; of identical measurements from several runs the one from the
+    last store file (sorted run ids) is kept. Rows are sorted by that key so the bootstrap CIs do not
+    depend on which store file was read first.
+    """
+    df = with_setting(records).copy()
+    parts = df.apply(lambda r: [r.get("sample_id"), r.get("context_tokens"), json_text(r.get("sample_meta")),
+                                r.get("seed"), r.get("query_aware"), r.get("dtype")], axis=1)
+    df["sample_id"] = [f"{p[0]}#{stable_hash(p, 10)}" for p in parts]
+    df = df.drop_duplicates(subset=["task", "strategy", "sample_id"], keep="last")
+    meta = df["sample_meta"] if "sample_meta" in df.columns else pd.Series(None, index=df.index)
+    df["depth"] = [round(d, 3) for d in (sample_depth(m, depth_key) for m in meta)]
+    return df.sort_values(["task", "strategy", "sample_id"], kind="mergesort").reset_index(drop=True)
+
+
+def run_cli(command: str, parser: argparse.ArgumentParser, argv: list[str] | None,
+            produce: Callable[[argparse.Namespace], list[Path]]) -> int:
+    """Parse ``argv``, run ``produce`` and print the paths it wrote; a :class:`KVBenchError` becomes one
+    ``kvbench <command>: error: ...`` line on stderr. Returns the exit status (0 ok, 2 bad input)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help (0) and on bad arguments (2)
+        return int(exc.code or 0)
+    try:
+        paths = produce(args)
+    except KVBenchError as exc:
+        print(f"kvbench {command}: error: {exc}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(path)
+    return 0
+
+
+__all__ = ["DEPTH_KEYS", "Filters", "HOMOGENEOUS", "QUERY_AGNOSTIC", "QUERY_AWARE", "SETTINGS", "add_filter_arguments",
+           "check_comparable", "filters_from_args", "paired_records", "run_cli", "select_records", "setting_of",
+           "with_setting"]
