@@ -110,7 +110,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         "run_id": run_id, "config_hash": config_hash, "model": cfg.model.name, "task": cfg.task.name,
         "hardware": hw_name, "hardware_simulated": simulated, "device": device, "dtype": dtype,
         "seed": int(cfg.seed), "query_aware": bool(cfg.task.get("query_aware", False)),
-    })
+    }, working_copy=bool(cfg.engine.working_copy))
     if cfg.engine.warmup and len(done) < len(samples):
         engine.warmup()
 
@@ -119,7 +119,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
 
     baseline_dir = Path(cfg.results_dir) / "baselines" if cfg.engine.reuse_baseline else None
     _run_with_progress(engine, samples, strategies, done, store, baseline_dir, baseline_key,
-                       bool(cfg.engine.progress), chunk_tokens)
+                       bool(cfg.engine.progress), chunk_tokens, cfg.engine.batch_size)
 
     records = pd.DataFrame([r for r in store.load_records() if r["strategy"] in labels])
     summary = summarize(records)
@@ -134,8 +134,14 @@ def _run_with_progress(engine: Engine, samples: list[Sample], strategies: list[S
                        chunk_tokens: int, batch_size: int = 1) -> None:
     """One bar step per (sample, strategy) evaluation, labelled with the strategy running, with an ETA."""
     from rich.markup import escape
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("eta"), TimeRemainingColumn(), disable=not show, transient=False) as bar:
