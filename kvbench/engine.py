@@ -213,6 +213,7 @@ class Engine:
                     stats[i] = {**stats[i], **c.stats()}
                 del caches, sub, cache
 
+        batch_scratch = sum(scratch)
         results = []
         for i, sample in enumerate(samples):
             gen, fid = gens[i], fids[i]
@@ -259,7 +260,8 @@ class Engine:
                 "peak_bytes_prefill": prefill_peak,
                 "peak_bytes_decode": gen.peak_bytes,
                 "scratch_bytes": int(scratch[i]),
-                "peak_bytes_decode_excl_scratch": max(0, gen.peak_bytes - scratch[i]),
+                # the decode peak is the whole batch's, so every decoded row's working copy comes off it
+                "peak_bytes_decode_excl_scratch": max(0, gen.peak_bytes - (batch_scratch if gen.tokens else 0)),
                 "stats": stats[i],
             }
             results.append(StrategyResult(record, logps[i]))
