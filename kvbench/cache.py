@@ -137,6 +137,12 @@ class KVBenchCache(Cache):
     def held_tokens(self) -> list[int]:
         return [layer.store.num_tokens() for layer in self.layers]
 
+    def scratch_bytes(self) -> int:
+        """Bytes of the stores' working copies (e.g. a dequantized prefix kept so decoding need not
+        re-dequantize it every step): real memory, but not part of ``kv_bytes``, the compressed cache."""
+        return held_bytes(t for layer in self.layers
+                          for t in getattr(layer.store, "scratch_tensors", lambda: ())())
+
     def stats(self) -> dict[str, float]:
         """Strategy-specific figures averaged over layers."""
         acc: dict[str, float] = {}
@@ -144,3 +150,149 @@ class KVBenchCache(Cache):
             for k, v in layer.store.stats().items():
                 acc[k] = acc.get(k, 0.0) + float(v)
         return {k: v / len(self.layers) for k, v in acc.items()}
+
+
+# -- several samples in one forward ----------------------------------------------------------------------
+class RowsLayer(CacheLayerMixin):
+    """One layer of a :class:`RowsCache`: each batch row is appended to its own sample's store, and the rows'
+    K/V are returned left-padded to a common width for one batched attention call."""
+
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self, rows: list[KVBenchLayer], owner: RowsCache) -> None:
+        super().__init__()
+        self.rows = rows
+        self.owner = owner
+        self.capture: LayerCapture | None = None  # the batched query capture, set by ``RowsCache.attach``
+        self.is_initialized = True
+
+    def held(self) -> list[int]:
+        """Tokens held, before this step's append, by each active row."""
+        return [self.rows[r].store.num_tokens() if self.rows[r].seen_tokens else 0 for r in self.owner.active]
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        return None  # each row's layer initializes itself
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        width = key_states.shape[-2]
+        keys, values = [], []
+        for i, (r, n) in enumerate(zip(self.owner.active, self.owner.lengths, strict=True)):
+            layer = self.rows[r]
+            if self.capture is not None and self.capture.queries is not None:
+                layer.store.capture = _row_capture(self.capture, i, n)
+            # Cloned: a store that keeps the new tokens must not keep (and count) the whole batch's buffer.
+            k, v = layer.update(key_states[i:i + 1, :, width - n:].clone(),
+                                value_states[i:i + 1, :, width - n:].clone())
+            keys.append(k)
+            values.append(v)
+        return _left_pad(keys), _left_pad(values)
+
+    def get_seq_length(self) -> int:
+        return max(self.rows[r].seen_tokens for r in self.owner.active)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return max(self.held()) + query_length, 0  # the real mask comes from ``RowsCache.mask``
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def offload(self) -> None:
+        return None
+
+    def prefetch(self) -> None:
+        return None
+
+
+class RowsCache(Cache):
+    """Several samples' :class:`KVBenchCache` s (same strategy) behind one batched forward.
+
+    Every row keeps its own batch-1 stores, so budgets, quantization groups, eviction scores and byte
+    accounting are exactly those of the sample evaluated alone; only the model's matmuls are batched.
+    Rows may take different numbers of new tokens per forward: the input is left-padded, padding tokens
+    never reach a store, and :meth:`masks` gives each layer a per-row mask over that row's held + new tokens.
+    ``active`` (row indices) and ``lengths`` (real new tokens per active row) describe the next forward.
+    """
+
+    def __init__(self, caches: list[KVBenchCache]) -> None:
+        self.caches = caches
+        self.strategy = caches[0].strategy
+        self.active: list[int] = list(range(len(caches)))
+        self.lengths: list[int] = [0] * len(caches)
+        n = len(caches[0].layers)
+        super().__init__(layers=[RowsLayer([c.layers[i] for c in caches], self) for i in range(n)])
+
+    def seen(self, row: int) -> int:
+        return self.caches[row].seen_tokens()
+
+    def mask(self, layer_idx: int, query_length: int, device: torch.device) -> torch.Tensor | None:
+        """Boolean attention mask ``[rows, 1, query_length, width]`` for the rows' left-padded K/V."""
+        held = self.layers[layer_idx].held()
+        total = [h + n for h, n in zip(held, self.lengths, strict=True)]
+        width = max(total)
+        if query_length == 1 and min(total) == width:
+            return None  # one new token per row, no padding: every column is visible
+        q = torch.arange(query_length, device=device)[:, None]
+        cols = torch.arange(width, device=device)[None, :]
+        rows = []
+        for h, n in zip(held, self.lengths, strict=True):
+            first = width - h - n  # the row's first real column
+            # held columns: visible to every query; new columns: causal, right-aligned with the queries
+            m = (cols >= first) & (cols <= width - query_length + q)
+            m[: query_length - n, width - 1] = True  # padding queries see one column: no all-masked softmax
+            rows.append(m)
+        return torch.stack(rows)[:, None]
+
+    @contextmanager
+    def masks(self, model: torch.nn.Module) -> Iterator[None]:
+        """Replace the model-built attention mask by :meth:`mask` in every attention layer of ``model``."""
+        from kvbench.capture import attention_modules
+
+        def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
+            if kwargs.get("cache", kwargs.get("past_key_values")) is not self:
+                return None  # another forward inside this one (quant_recompute rebuilding K/V from token ids)
+            hidden = args[0] if args else kwargs["hidden_states"]
+            kwargs["attention_mask"] = self.mask(module.layer_idx, hidden.shape[1], hidden.device)
+            return args, kwargs
+
+        handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in attention_modules(model)]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    @contextmanager
+    def attach(self, model: torch.nn.Module) -> Iterator[QueryRecorder]:
+        """Record the batch's queries; each row's store reads its own row of them (see ``RowsLayer.update``)."""
+        with QueryRecorder(model, self.strategy.query_window) as rec:
+            for layer, cap in zip(self.layers, rec.captures, strict=True):
+                layer.capture = cap
+            try:
+                yield rec
+            finally:
+                for layer in self.layers:
+                    layer.capture = None
+
+
+def _row_capture(cap: LayerCapture, i: int, n: int) -> LayerCapture:
+    """Row ``i`` of a batched capture, without the left padding: its last ``min(window, n)`` queries."""
+    assert cap.queries is not None
+    m = min(cap.queries.shape[-2], n)
+    pos = cap.positions
+    if pos is not None:
+        pos = (pos[i:i + 1] if pos.shape[0] > 1 else pos)[..., pos.shape[-1] - m:]
+    return LayerCapture(cap.layer_idx, cap.num_kv_groups, cap.scaling,
+                        queries=cap.queries[i:i + 1, :, cap.queries.shape[-2] - m:], positions=pos)
+
+
+def _left_pad(rows: list[torch.Tensor]) -> torch.Tensor:
+    """``[1, H, n_i, D]`` tensors as one ``[rows, H, max n, D]`` tensor, each right-aligned (zeros before)."""
+    width = max(t.shape[-2] for t in rows)
+    if all(t.shape[-2] == width for t in rows):
+        return torch.cat(rows, dim=0)
+    out = rows[0].new_zeros(len(rows), rows[0].shape[1], width, rows[0].shape[-1])
+    for i, t in enumerate(rows):
+        out[i, :, width - t.shape[-2]:] = t[0]
+    return out

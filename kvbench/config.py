@@ -37,6 +37,8 @@ GROUPS = ("strategy", "task", "model", "hardware")
 class EngineConfig:
     prefill: str = "shared"       # shared: one exact prefill per sample shared by all strategies; chunked: lower peak
     chunk_tokens: int = 512       # chunk size for engine.prefill=chunked
+    batch_size: int = 4           # samples evaluated together (records equal batch 1's; latency/peak are the batch's)
+    working_copy: bool = True     # quantized stores keep a dequantized copy of their prefix (reported as scratch_bytes)
     warmup: bool = True           # one short forward before timing anything
     reuse_baseline: bool = True   # reuse stored `full` results keyed by everything that determines them
     progress: bool = True
@@ -537,6 +539,8 @@ def validate_cfg(cfg: Any) -> None:
         raise KVBenchError(f"unknown engine.prefill {cfg.engine.prefill!r}; valid: shared, chunked")
     if cfg.engine.prefill == "chunked" and int(cfg.engine.chunk_tokens) < 1:
         raise KVBenchError(f"engine.chunk_tokens must be >= 1 (got {cfg.engine.chunk_tokens})")
+    if int(cfg.engine.batch_size) < 1:
+        raise KVBenchError(f"engine.batch_size must be >= 1 (got {cfg.engine.batch_size})")
     if int(cfg.task.get("n_samples", 1)) < 1:
         raise KVBenchError(f"task.n_samples must be >= 1 (got {cfg.task.n_samples})")
     resolve_strategies(cfg)

@@ -1,22 +1,30 @@
-"""The benchmark engine: one full-attention prefill per sample, shared by every strategy in the run.
+"""The benchmark engine: one full-attention prefill per batch of samples, shared by every strategy in the run.
 
-Per sample:
+Per batch of ``batch_size`` samples (same context length, so the prefill needs no padding):
 
-1. prefill ``prefix_ids`` once with full attention, capturing per-layer K/V and the last-window
+1. prefill the prefixes together with full attention, capturing per-layer K/V and the last-window
    post-RoPE queries (as many as the most demanding strategy asks for);
-2. for every strategy (the ``full`` baseline first): build its cache from the capture, then
-   (a) teacher-force ``query_ids + gold_ids`` for KL / top-1 agreement / gold NLL against the
-   baseline, and (b) rebuild the cache and greedy-decode the answer for the task metric and latency.
+2. for every strategy (the ``full`` baseline first): build each sample's cache from its row of the capture,
+   then (a) teacher-force the gold answer for KL / top-1 agreement / gold NLL against the baseline, and
+   (b) rebuild the caches and greedy-decode the answers for the task metric and latency.
 
-Both passes start from an identically compressed cache, so the fidelity and accuracy numbers describe
-the same cache state.
+Each sample keeps its own batch-1 stores (:class:`~kvbench.cache.RowsCache`); only the model's forwards are
+batched, with left padding and per-row masks for ragged question and answer lengths. So records equal
+those of batch 1 (greedy tokens equal, log-probs within the dtype's matmul tolerance); ``batch_size`` says
+which batch a record was measured in, and its latencies and peak memory are the batch's.
+
+Teacher forcing (a) feeds ``query + gold[:-1]`` in one forward, except for strategies that change the
+cache while decoding (eviction after every step: h2o, tova, streaming_llm, knorm/random with
+``decode_evict``, and ``compose`` over them): those get the question in one forward and then the gold
+tokens one per step, exactly as greedy decoding feeds its own tokens, so the fidelity metrics see the
+evictions decoding makes.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Container, Iterator
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +33,7 @@ import torch
 from kvbench import SPEC_VERSION
 from kvbench.baselines import load_baseline as _load_baseline
 from kvbench.baselines import save_baseline as _save_baseline
-from kvbench.cache import KVBenchCache
+from kvbench.cache import KVBenchCache, RowsCache
 from kvbench.capture import QueryRecorder
 from kvbench.errors import KVBenchError
 from kvbench.models import LoadedModel
@@ -36,14 +44,34 @@ from strategies.base import LayerCapture, RunContext, Strategy
 
 
 @dataclass
-class Prefill:
-    """A captured full-attention prefill: per-layer K/V and queries, shared read-only by all strategies."""
+class PrefillRow:
+    """One sample's share of a batched prefill: per-layer K/V ``[1, kv_heads, T, head_dim]`` and queries."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     captures: list[LayerCapture]
+
+
+@dataclass
+class Prefill:
+    """A captured full-attention prefill of one or more samples, shared read-only by all strategies."""
+
+    rows: list[PrefillRow]
     seconds: float
     peak_bytes: int
+
+    # Batch-1 views, for callers that built single-sample prefills.
+    @property
+    def keys(self) -> list[torch.Tensor]:
+        return self.rows[0].keys
+
+    @property
+    def values(self) -> list[torch.Tensor]:
+        return self.rows[0].values
+
+    @property
+    def captures(self) -> list[LayerCapture]:
+        return self.rows[0].captures
 
 
 @dataclass
@@ -58,21 +86,32 @@ class Engine:
     device: str = "cpu"
     hardware: Any = None
     run_fields: dict[str, Any] = field(default_factory=dict)
+    #: Let quantized stores keep a dequantized working copy of their immutable prefix (``engine.working_copy``).
+    working_copy: bool = True
 
     @property
     def model(self) -> torch.nn.Module:
         return self.lm.model
 
     # -- phase 1: the shared prefill --------------------------------------------------------------
-    def prefill(self, sample: Sample, query_window: int | None) -> Prefill:
-        ids = torch.tensor([sample.prefix_ids], device=self.device)
+    def prefill(self, samples: Sample | list[Sample], query_window: int | None) -> Prefill:
+        batch = [samples] if isinstance(samples, Sample) else list(samples)
+        if len({len(s.prefix_ids) for s in batch}) != 1:
+            raise KVBenchError("a batched prefill needs samples of one context length; got "
+                               f"{sorted({len(s.prefix_ids) for s in batch})}")
+        ids = torch.tensor([s.prefix_ids for s in batch], device=self.device)
         capture_cache = KVBenchCache(_full(), self.model.config)
         with torch.inference_mode(), QueryRecorder(self.model, query_window) as rec, \
                 PeakMemory(self.device) as peak, Timer(self.device) as timer:
             self.model(input_ids=ids, cache=capture_cache, use_cache=True, logits_to_keep=1)
         keys = [layer.store.keys for layer in capture_cache.layers]
         values = [layer.store.values for layer in capture_cache.layers]
-        return Prefill(keys, values, rec.captures, timer.seconds, peak.peak_bytes)
+        if len(batch) == 1:
+            return Prefill([PrefillRow(keys, values, rec.captures)], timer.seconds, peak.peak_bytes)
+        # Each row gets storage of its own, so a store holding it (``full``) counts one sample's bytes.
+        rows = [PrefillRow([k[r:r + 1].clone() for k in keys], [v[r:r + 1].clone() for v in values],
+                           [_capture_row(c, r) for c in rec.captures]) for r in range(len(batch))]
+        return Prefill(rows, timer.seconds, peak.peak_bytes)
 
     def warmup(self, n_tokens: int = 64) -> None:
         """One short forward so first-call allocation and kernel selection stay out of the timings."""
@@ -82,10 +121,15 @@ class Engine:
             self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
             self.model(input_ids=ids[:, :1], cache=cache, use_cache=True)
 
-    # -- phase 2: one strategy on one captured prefill ----------------------------------------
-    def _cache(self, strategy: Strategy, pre: Prefill) -> tuple[KVBenchCache, float]:
+    # -- phase 2: one strategy on captured prefills ---------------------------------------------
+    def _bind(self, strategy: Strategy, sample: Sample) -> None:
+        prefix = torch.tensor([sample.prefix_ids], device=self.device)
+        strategy.bind(RunContext(model=self.model, hardware=self.hardware, prefix_ids=prefix, device=self.device,
+                                 **_working_copy_arg(self.working_copy)))
+
+    def _cache(self, strategy: Strategy, row: PrefillRow) -> tuple[KVBenchCache, float]:
         with Timer(self.device) as t:
-            cache = KVBenchCache.from_capture(strategy, self.model.config, pre.keys, pre.values, pre.captures)
+            cache = KVBenchCache.from_capture(strategy, self.model.config, row.keys, row.values, row.captures)
         return cache, t.seconds
 
     def chunked_prefill(self, strategy: Strategy, prefix: torch.Tensor,
@@ -107,110 +151,196 @@ class Engine:
                  baseline_logp: torch.Tensor | None, chunk_tokens: int = 0) -> StrategyResult:
         """Score one strategy on one sample: from the shared capture ``pre``, or, when ``pre`` is None, from
         its own chunked prefill of ``chunk_tokens`` per chunk."""
-        model = self.model
-        prefix = torch.tensor([sample.prefix_ids], device=self.device)
-        strategy.bind(RunContext(model=model, hardware=self.hardware, prefix_ids=prefix, device=self.device))
-        query = torch.tensor(sample.query_ids, device=self.device)
-        gold = torch.tensor(sample.gold_ids, device=self.device)
+        return self.evaluate_batch(strategy, [sample], pre, [baseline_logp], chunk_tokens)[0]
+
+    def evaluate_batch(self, strategy: Strategy, samples: list[Sample], pre: Prefill | None,
+                       baseline_logps: list[torch.Tensor | None], chunk_tokens: int = 0,
+                       rows: list[int] | None = None) -> list[StrategyResult]:
+        """Score one strategy on ``samples`` together; ``rows`` picks their rows of ``pre`` (default: all)."""
+        rows = list(range(len(samples))) if rows is None else rows
+        if pre is None and len(samples) != 1:
+            raise KVBenchError("chunked prefill evaluates one sample at a time; use engine.batch_size=1")
+        compress_s = [0.0] * len(samples)
 
         if pre is not None:
             prefill_s, prefill_peak = pre.seconds, pre.peak_bytes
 
-            def make_cache() -> tuple[KVBenchCache, float]:
-                return self._cache(strategy, pre)
+            def make_caches() -> list[KVBenchCache]:
+                out = []
+                for i, (sample, r) in enumerate(zip(samples, rows, strict=True)):
+                    self._bind(strategy, sample)  # per sample: stores read their own prefix ids at build
+                    cache, compress_s[i] = self._cache(strategy, pre.rows[r])
+                    out.append(cache)
+                return out
         else:
+            self._bind(strategy, samples[0])
+            prefix = torch.tensor([samples[0].prefix_ids], device=self.device)
             built, prefill_s, prefill_peak = self.chunked_prefill(strategy, prefix, chunk_tokens)
             # Compression happened inside the chunked prefill; pass (a) gets a copy, pass (b) the original.
             copies = [copy.deepcopy(built), built]
 
-            def make_cache() -> tuple[KVBenchCache, float]:
-                return copies.pop(0), 0.0
+            def make_caches() -> list[KVBenchCache]:
+                return [copies.pop(0)]
 
+        queries = [list(s.query_ids) for s in samples]
+        golds = [list(s.gold_ids) for s in samples]
         with torch.inference_mode():
-            # (a) teacher forcing over the gold answer
-            cache, compress_s = make_cache()
-            kv_bytes, kv_fp16 = cache.kv_bytes(), cache.kv_bytes_fp16()
-            held = cache.held_tokens()
-            stats = cache.stats()
-            forced = torch.cat([query, gold[:-1]])[None]
-            with _attached(cache, model, strategy):
-                logits = model(input_ids=forced, cache=cache, use_cache=True,
-                               logits_to_keep=len(sample.gold_ids)).logits[0]
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            del cache, logits
-            fid = fidelity(baseline_logp if baseline_logp is not None else logp, logp, gold)
+            # (a) teacher forcing over the gold answers
+            caches = make_caches()
+            kv_bytes = [c.kv_bytes() for c in caches]
+            kv_fp16 = [c.kv_bytes_fp16() for c in caches]
+            held = [c.held_tokens() for c in caches]
+            stats = [c.stats() for c in caches]
+            logps = self._teacher_force(_batched(caches), strategy, queries, golds)
+            del caches
+            fids = [fidelity(b if b is not None else lp, lp, torch.tensor(g, device=lp.device))
+                    for b, lp, g in zip(baseline_logps, logps, golds, strict=True)]
 
             # (b) greedy decoding for the task metric and latency
-            prediction, gen = "", _Generation()
-            if sample.metric != "token_accuracy":
-                cache, _ = make_cache()
-                with _attached(cache, model, strategy), PeakMemory(self.device) as peak:
-                    gen = self._greedy(cache, query, sample.max_new_tokens)
-                gen.peak_bytes = peak.peak_bytes
-                prediction = self.lm.tokenizer.decode(gen.tokens, skip_special_tokens=True)
-                # Figures the store only knows after decoding (measured transfers, recomputes) win.
-                stats = {**stats, **cache.stats()}
-                del cache
-        value = fid.gold_token_accuracy if sample.metric == "token_accuracy" else \
-            task_score(sample.metric, prediction, sample.answers)
-        held_mean = sum(held) / len(held)
-        record = {
-            **self.run_fields,
-            "spec_version": SPEC_VERSION,
-            "sample_id": sample.sample_id,
-            "strategy": strategy.label(),
-            "strategy_name": strategy.name,
-            "family": strategy.family,
-            "params": strategy.params(),
-            "metric": sample.metric,
-            "score": float(value),
-            "prediction": prediction,
-            "answers": list(sample.answers),
-            "context_tokens": sample.context_tokens,
-            "query_tokens": len(sample.query_ids),
-            "gold_tokens": len(sample.gold_ids),
-            "sample_meta": sample.metadata,
-            "kv_bytes": int(kv_bytes),
-            "kv_bytes_fp16": int(kv_fp16),
-            "memory_reduction": memory_reduction(kv_bytes, kv_fp16),
-            "bytes_per_token": kv_bytes / sample.context_tokens,
-            "held_tokens_mean": held_mean,
-            "kept_fraction": held_mean / sample.context_tokens,
-            "prefill_mode": "shared" if pre is not None else f"chunked:{chunk_tokens}",
-            "prefill_s": prefill_s,
-            "compress_s": compress_s,
-            "query_s": gen.first_s,
-            "ttft_s": prefill_s + compress_s + gen.first_s,
-            "decode_ms_per_token": 1000 * median(gen.step_s),
-            "decode_steps": len(gen.step_s),
-            "generated_tokens": len(gen.tokens),
-            "kl": fid.kl,
-            "top1_agreement": fid.top1_agreement,
-            "gold_nll": fid.gold_nll,
-            "gold_token_accuracy": fid.gold_token_accuracy,
-            "peak_bytes_prefill": prefill_peak,
-            "peak_bytes_decode": gen.peak_bytes,
-            "stats": stats,
-        }
-        return StrategyResult(record, logp)
+            decode = [i for i, s in enumerate(samples) if s.metric != "token_accuracy"]
+            gens = [_Generation() for _ in samples]
+            scratch = [0] * len(samples)
+            if decode:
+                caches = make_caches()
+                sub = [caches[i] for i in decode]
+                cache = _batched(sub)
+                with _attached(cache, self.model, strategy), PeakMemory(self.device) as peak:
+                    out = self._greedy(cache, [queries[i] for i in decode],
+                                       [samples[i].max_new_tokens for i in decode])
+                for i, g, c in zip(decode, out, sub, strict=True):
+                    g.peak_bytes = peak.peak_bytes
+                    gens[i] = g
+                    scratch[i] = c.scratch_bytes()
+                    # Figures the store only knows after decoding (measured transfers, recomputes) win.
+                    stats[i] = {**stats[i], **c.stats()}
+                del caches, sub, cache
 
-    def _greedy(self, cache: KVBenchCache, query: torch.Tensor, max_new_tokens: int) -> _Generation:
+        batch_scratch = sum(scratch)
+        results = []
+        for i, sample in enumerate(samples):
+            gen, fid = gens[i], fids[i]
+            prediction = "" if sample.metric == "token_accuracy" else \
+                self.lm.tokenizer.decode(gen.tokens, skip_special_tokens=True)
+            value = fid.gold_token_accuracy if sample.metric == "token_accuracy" else \
+                task_score(sample.metric, prediction, sample.answers)
+            held_mean = sum(held[i]) / len(held[i])
+            record = {
+                **self.run_fields,
+                "spec_version": SPEC_VERSION,
+                "sample_id": sample.sample_id,
+                "strategy": strategy.label(),
+                "strategy_name": strategy.name,
+                "family": strategy.family,
+                "params": strategy.params(),
+                "metric": sample.metric,
+                "score": float(value),
+                "prediction": prediction,
+                "answers": list(sample.answers),
+                "context_tokens": sample.context_tokens,
+                "query_tokens": len(sample.query_ids),
+                "gold_tokens": len(sample.gold_ids),
+                "sample_meta": sample.metadata,
+                "kv_bytes": int(kv_bytes[i]),
+                "kv_bytes_fp16": int(kv_fp16[i]),
+                "memory_reduction": memory_reduction(kv_bytes[i], kv_fp16[i]),
+                "bytes_per_token": kv_bytes[i] / sample.context_tokens,
+                "held_tokens_mean": held_mean,
+                "kept_fraction": held_mean / sample.context_tokens,
+                "prefill_mode": "shared" if pre is not None else f"chunked:{chunk_tokens}",
+                "batch_size": len(samples),
+                "prefill_s": prefill_s,
+                "compress_s": compress_s[i],
+                "query_s": gen.first_s,
+                "ttft_s": prefill_s + compress_s[i] + gen.first_s,
+                "decode_ms_per_token": 1000 * median(gen.step_s),
+                "decode_steps": len(gen.step_s),
+                "generated_tokens": len(gen.tokens),
+                "kl": fid.kl,
+                "top1_agreement": fid.top1_agreement,
+                "gold_nll": fid.gold_nll,
+                "gold_token_accuracy": fid.gold_token_accuracy,
+                "peak_bytes_prefill": prefill_peak,
+                "peak_bytes_decode": gen.peak_bytes,
+                "scratch_bytes": int(scratch[i]),
+                # the decode peak is the whole batch's, so every decoded row's working copy comes off it
+                "peak_bytes_decode_excl_scratch": max(0, gen.peak_bytes - (batch_scratch if gen.tokens else 0)),
+                "stats": stats[i],
+            }
+            results.append(StrategyResult(record, logps[i]))
+        return results
+
+    # -- forwards over one cache or several rows --------------------------------------------------
+    def _forward(self, cache: KVBenchCache | RowsCache, tokens: list[list[int]], keep: int) -> torch.Tensor:
+        """Logits ``[rows, keep, vocab]`` after feeding row ``i`` its ``tokens[i]``; rows are right-aligned
+        (the last ``min(keep, len(tokens[i]))`` positions of row ``i`` are its own)."""
         model = self.model
+        if not isinstance(cache, RowsCache):
+            ids = torch.tensor(tokens, device=self.device)
+            return model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep).logits
+        width = max(len(t) for t in tokens)
+        ids = torch.zeros(len(tokens), width, dtype=torch.long)
+        pos = torch.zeros(len(tokens), width, dtype=torch.long)
+        for i, (r, t) in enumerate(zip(cache.active, tokens, strict=True)):
+            ids[i, width - len(t):] = torch.tensor(t)
+            start = cache.seen(r)  # logical positions: evicted tokens still count, as at batch 1
+            pos[i] = torch.arange(start + len(t) - width, start + len(t)).clamp(min=start)
+        cache.lengths = [len(t) for t in tokens]
+        with cache.masks(model):
+            return model(input_ids=ids.to(self.device), position_ids=pos.to(self.device), cache=cache,
+                         use_cache=True, logits_to_keep=keep).logits
+
+    def _teacher_force(self, cache: KVBenchCache | RowsCache, strategy: Strategy, queries: list[list[int]],
+                       golds: list[list[int]]) -> list[torch.Tensor]:
+        """Log-probs ``[len(gold), vocab]`` per row of each gold token given the question and earlier gold."""
+        model = self.model
+        with _attached(cache, model, strategy):
+            if not changes_cache_while_decoding(strategy):
+                keep = max(len(g) for g in golds)
+                logits = self._forward(cache, [q + g[:-1] for q, g in zip(queries, golds, strict=True)], keep)
+                return [torch.log_softmax(logits[i, keep - len(g):].float(), dim=-1) for i, g in enumerate(golds)]
+            # Question in one forward, then one gold token per step: the cache evicts as it does when decoding.
+            steps: list[list[torch.Tensor]] = [[] for _ in golds]
+            logits = self._forward(cache, queries, 1)
+            for i in range(len(golds)):
+                steps[i].append(logits[i, -1])
+            rows = list(range(len(golds)))
+            for k in range(max(len(g) for g in golds) - 1):
+                rows = [i for i in rows if k < len(golds[i]) - 1]
+                _activate(cache, rows)
+                logits = self._forward(cache, [[golds[i][k]] for i in rows], 1)
+                for j, i in enumerate(rows):
+                    steps[i].append(logits[j, -1])
+            return [torch.log_softmax(torch.stack(s).float(), dim=-1) for s in steps]
+
+    def _greedy(self, cache: KVBenchCache | RowsCache, queries: list[list[int]] | torch.Tensor,
+                max_new_tokens: list[int] | int) -> list[_Generation] | _Generation:
+        """Greedy decoding of every row until its EOS or its ``max_new_tokens``; finished rows leave the batch.
+
+        A single query tensor and an int limit (the batch-1 API) return one :class:`_Generation`."""
+        single = isinstance(queries, torch.Tensor)
+        if single:
+            queries, max_new_tokens = [queries.tolist()], [int(max_new_tokens)]  # type: ignore[arg-type]
         eos = _eos_ids(self.lm)
-        gen = _Generation()
+        gens = [_Generation() for _ in queries]
         with Timer(self.device) as t:
-            logits = model(input_ids=query[None], cache=cache, use_cache=True, logits_to_keep=1).logits
-        gen.first_s = t.seconds
-        tok = int(logits[0, -1].argmax())
-        gen.tokens.append(tok)
-        while len(gen.tokens) < max_new_tokens and tok not in eos:
+            logits = self._forward(cache, queries, 1)  # type: ignore[arg-type]
+        toks = [int(x) for x in logits[:, -1].argmax(-1)]
+        for g, tok in zip(gens, toks, strict=True):
+            g.first_s = t.seconds
+            g.tokens.append(tok)
+        rows = list(range(len(gens)))
+        while True:
+            rows = [i for i in rows if len(gens[i].tokens) < max_new_tokens[i] and gens[i].tokens[-1] not in eos]
+            if not rows:
+                break
+            _activate(cache, rows)
             with Timer(self.device) as t:
-                step = torch.tensor([[tok]], device=self.device)
-                logits = model(input_ids=step, cache=cache, use_cache=True).logits
-                tok = int(logits[0, -1].argmax())
-            gen.step_s.append(t.seconds)
-            gen.tokens.append(tok)
-        return gen
+                logits = self._forward(cache, [[gens[i].tokens[-1]] for i in rows], 1)
+                toks = [int(x) for x in logits[:, -1].argmax(-1)]
+            for i, tok in zip(rows, toks, strict=True):
+                gens[i].step_s.append(t.seconds)
+                gens[i].tokens.append(tok)
+        return gens[0] if single else gens
 
 
 @dataclass
@@ -224,7 +354,7 @@ class _Generation:
 class _attached:
     """``cache.attach(model)`` for strategies that read queries during decoding; a no-op otherwise."""
 
-    def __init__(self, cache: KVBenchCache, model: torch.nn.Module, strategy: Strategy) -> None:
+    def __init__(self, cache: KVBenchCache | RowsCache, model: torch.nn.Module, strategy: Strategy) -> None:
         self.ctx = cache.attach(model) if strategy.query_window != 0 else None
 
     def __enter__(self) -> None:
@@ -234,6 +364,37 @@ class _attached:
     def __exit__(self, *exc: object) -> None:
         if self.ctx is not None:
             self.ctx.__exit__(*exc)
+
+
+def _batched(caches: list[KVBenchCache]) -> KVBenchCache | RowsCache:
+    """One sample's cache as is (the batch-1 path), several behind a :class:`RowsCache`."""
+    return caches[0] if len(caches) == 1 else RowsCache(caches)
+
+
+def _activate(cache: KVBenchCache | RowsCache, rows: list[int]) -> None:
+    if isinstance(cache, RowsCache):
+        cache.active = rows
+
+
+def _capture_row(cap: LayerCapture, r: int) -> LayerCapture:
+    q, pos = cap.queries, cap.positions
+    return LayerCapture(cap.layer_idx, cap.num_kv_groups, cap.scaling,
+                        queries=None if q is None else q[r:r + 1].clone(),
+                        positions=None if pos is None else (pos[r:r + 1] if pos.shape[0] > 1 else pos))
+
+
+def _working_copy_arg(enabled: bool) -> dict[str, bool]:
+    """``working_copy=`` for :class:`RunContext`, on versions of it that have the field."""
+    return {"working_copy": enabled} if "working_copy" in {f.name for f in fields(RunContext)} else {}
+
+
+def changes_cache_while_decoding(strategy: Strategy) -> bool:
+    """Whether the strategy evicts after decoding steps (itself, or the eviction inside ``compose``)."""
+    for s in (strategy, getattr(strategy, "evictor", None)):
+        evicts = getattr(s, "evicts_during_decode", None)
+        if callable(evicts) and evicts():
+            return True
+    return False
 
 
 def _full() -> Strategy:
@@ -268,35 +429,88 @@ def check_lengths(sample: Sample, max_context: int) -> None:
             f"but the model's maximum context is {max_context}; lower task.context_tokens")
 
 
-ProgressFn = Callable[[str], None]
+#: ``progress(evaluations_done, strategy)``: called with 0 when ``strategy`` starts on a batch, and with the
+#: number of (sample, strategy) evaluations finished when it ends (``strategy`` empty for resumed samples).
+ProgressFn = Callable[[int, str], None]
+
+
+def batches(samples: list[Sample], batch_size: int) -> list[list[Sample]]:
+    """Consecutive runs of up to ``batch_size`` samples of equal context length, in order."""
+    out: list[list[Sample]] = []
+    for s in samples:
+        if out and len(out[-1]) < batch_size and len(out[-1][0].prefix_ids) == len(s.prefix_ids):
+            out[-1].append(s)
+        else:
+            out.append([s])
+    return out
+
+
+def _claimed_batches(samples: list[Sample], done: Container[str], batch_size: int,
+                     skipped: Callable[[], None]) -> Iterator[list[Sample]]:
+    """:func:`batches` of the samples not in ``done``, asking ``sample_id in done`` only when a sample joins a
+    batch about to run: with a claiming done-set (:class:`kvbench.results.SampleClaims`) concurrent workers
+    then split the samples instead of one worker claiming them all up front."""
+    batch: list[Sample] = []
+    for s in samples:
+        if batch and (len(batch) == batch_size or len(batch[0].prefix_ids) != len(s.prefix_ids)):
+            yield batch
+            batch = []
+        if s.sample_id in done:
+            skipped()
+            continue
+        batch.append(s)
+    if batch:
+        yield batch
 
 
 def run_samples(engine: Engine, samples: list[Sample], strategies: list[Strategy],
                 done: set[str], write: Callable[[list[dict[str, Any]]], None],
                 baseline_dir: Path | None = None, baseline_key: Callable[[Sample], str] | None = None,
-                progress: Callable[[], None] | None = None, chunk_tokens: int = 0) -> None:
-    """Evaluate every not-yet-done sample; each sample's records are written together.
+                progress: ProgressFn | None = None, chunk_tokens: int = 0, batch_size: int = 1) -> None:
+    """Evaluate every not-yet-done sample, ``batch_size`` at a time; each sample's records are written together.
 
     ``chunk_tokens > 0`` selects chunked prefill: no shared capture, each strategy prefills into its own
-    cache chunk by chunk (lower peak memory, but later chunks attend to already-compressed earlier ones).
+    cache chunk by chunk (lower peak memory, but later chunks attend to already-compressed earlier ones),
+    one sample at a time.
     """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise KVBenchError(f"engine.batch_size must be an integer >= 1 (got {batch_size!r})")
     window = query_window_for(strategies)
     baseline, others = strategies[0], strategies[1:]
-    for sample in samples:
-        if sample.sample_id in done:
-            if progress:
-                progress()
-            continue
-        pre = None if chunk_tokens else engine.prefill(sample, window)
-        base = _load_baseline(baseline_dir, baseline_key, sample) if baseline_dir and baseline_key else None
-        if base is None:
-            base = engine.evaluate(baseline, sample, pre, None, chunk_tokens)
-            if baseline_dir and baseline_key:
-                _save_baseline(baseline_dir, baseline_key(sample), base)
-        else:
-            base.record.update({k: v for k, v in engine.run_fields.items()})
-        results = [base] + [engine.evaluate(s, sample, pre, base.logp, chunk_tokens) for s in others]
-        write([r.record for r in results])
-        del pre
+    def skipped() -> None:
         if progress:
-            progress()
+            progress(len(strategies), "")
+
+    for batch in _claimed_batches(samples, done, 1 if chunk_tokens else batch_size, skipped):
+        pre = None if chunk_tokens else engine.prefill(batch[0] if len(batch) == 1 else batch, window)
+        bases: list[StrategyResult | None] = []
+        for sample in batch:
+            base = _load_baseline(baseline_dir, baseline_key, sample) if baseline_dir and baseline_key else None
+            if base is not None:
+                base.record.update({k: v for k, v in engine.run_fields.items()})
+            bases.append(base)
+        missing = [i for i, b in enumerate(bases) if b is None]
+        if progress:
+            progress(0, baseline.name)
+        if missing:
+            fresh = engine.evaluate_batch(baseline, [batch[i] for i in missing], pre, [None] * len(missing),
+                                          chunk_tokens, rows=missing)
+            for i, base in zip(missing, fresh, strict=True):
+                bases[i] = base
+                if baseline_dir and baseline_key:
+                    _save_baseline(baseline_dir, baseline_key(batch[i]), base)
+        if progress:
+            progress(len(batch), baseline.name)
+        results: list[list[StrategyResult]] = [[b] for b in bases if b is not None]
+        for s in others:
+            if progress:
+                progress(0, s.name)
+            for i, r in enumerate(engine.evaluate_batch(s, batch, pre, [b.logp for b in bases if b is not None],
+                                                        chunk_tokens)):
+                results[i].append(r)
+            if progress:
+                progress(len(batch), s.name)
+        for rs in results:
+            write([r.record for r in rs])
+        del pre
+

@@ -126,7 +126,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         "dtype": dtype, "seed": int(cfg.seed), "query_aware": bool(cfg.task.get("query_aware", False)),
         "model_path": model_path, "model_digest": model_digest,
         "task_digest": task_inputs.get("digest"), "hardware_digest": stable_hash(hardware, 64),
-    })
+    }, working_copy=bool(cfg.engine.working_copy))
 
     def baseline_key(sample: Sample) -> str:
         return stable_hash({**determinants, "sample": sample.sample_id})
@@ -140,7 +140,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
             # `claims` is the done-set (asked per sample, just before computing it) and `claims.store` appends
             # through the claims, so concurrent workers split the samples.
             _run_with_progress(engine, samples, strategies, claims, claims.store_view(), baseline_dir,
-                               baseline_key, bool(cfg.engine.progress), chunk_tokens)
+                               baseline_key, bool(cfg.engine.progress), chunk_tokens, int(cfg.engine.batch_size))
         finally:
             claims.release()
     if claims.contended:
@@ -161,15 +161,30 @@ def run(cfg: DictConfig) -> pd.DataFrame:
 
 def _run_with_progress(engine: Engine, samples: list[Sample], strategies: list[Strategy], done: set[str],
                        store: RunStore, baseline_dir: Path | None, baseline_key: Any, show: bool,
-                       chunk_tokens: int) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+                       chunk_tokens: int, batch_size: int = 1) -> None:
+    """One bar step per (sample, strategy) evaluation, labelled with the strategy running, with an ETA."""
+    from rich.markup import escape
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
-    names = ", ".join(s.name for s in strategies)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  disable=not show, transient=False) as bar:
-        tid = bar.add_task(f"samples x [{names}]", total=len(samples))
+                  TextColumn("eta"), TimeRemainingColumn(), disable=not show, transient=False) as bar:
+        tid = bar.add_task("sample x strategy", total=len(samples) * len(strategies))
+
+        def progress(n_done: int, strategy: str) -> None:
+            if strategy:  # escaped: rich would read a label like `[full, int8]` as markup and drop it
+                bar.update(tid, description=escape(f"sample x strategy: {strategy}"))
+            if n_done:
+                bar.advance(tid, n_done)
+
         run_samples(engine, samples, strategies, done, store.append, baseline_dir, baseline_key,
-                    progress=lambda: bar.advance(tid), chunk_tokens=chunk_tokens)
+                    progress=progress, chunk_tokens=chunk_tokens, batch_size=batch_size)
 
 
 def validate_cfg(cfg: DictConfig) -> None:

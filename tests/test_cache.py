@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import strategies
-from kvbench.cache import KVBenchCache
+from kvbench.cache import KVBenchCache, RowsCache
 from kvbench.capture import QueryRecorder
 from kvbench.errors import KVBenchError
 from kvbench.quantizers import quantize_int8
@@ -151,3 +151,66 @@ def test_positions_after_eviction_match_masked_reference(tiny_model, tiny_ids):
         ref = tiny_model(input_ids=full_ids, attention_mask=bias, position_ids=torch.arange(n)[None]).logits
     torch.testing.assert_close(got, ref[:, 64:72], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(step, ref[:, 72:73], rtol=1e-4, atol=1e-4)
+
+
+# -- scratch memory and several rows ------------------------------------------------------------------------
+class _ScratchStore(_DropStore):
+    """Keeps an extra fp32 copy of its keys, the way a quantized store keeps a dequantized working copy."""
+
+    def prefill(self, keys, values, capture):
+        super().prefill(keys, values, capture)
+        self.copy = self.keys.float().clone()
+
+    def scratch_tensors(self) -> Iterable[torch.Tensor]:
+        return [self.copy]
+
+
+@dataclass
+class _Scratch(_Drop):
+    def new_layer(self, layer_idx: int, num_layers: int) -> LayerStore:
+        return _ScratchStore(self, layer_idx, num_layers)
+
+
+def test_scratch_bytes_count_working_copies_apart_from_kv_bytes(tiny_model, tiny_ids):
+    with torch.inference_mode():
+        plain = KVBenchCache(_Drop(), tiny_model.config)
+        scratch = KVBenchCache(_Scratch(), tiny_model.config)
+        for cache in (plain, scratch):
+            tiny_model(input_ids=tiny_ids, cache=cache, use_cache=True)
+    cfg = tiny_model.config
+    assert plain.scratch_bytes() == 0
+    assert scratch.scratch_bytes() == cfg.num_hidden_layers * cfg.num_key_value_heads * tiny_ids.shape[1] * 16 * 4
+    assert scratch.kv_bytes() == plain.kv_bytes()
+
+
+def test_rows_cache_equals_each_row_alone(tiny_model, tiny_ids):
+    """Rows of different held lengths and different new-token counts in one left-padded forward: each row's
+    logits are those of its own cache alone (the per-row masks line up padding, held and causal new tokens)."""
+    prefixes = [tiny_ids[:, :64], tiny_ids[:, 10:70]]
+    news = [tiny_ids[:, 80:85], tiny_ids[:, 70:72]]
+    strategy = _Drop(dropped=(3, 4, 10))
+
+    def built() -> list[KVBenchCache]:
+        caches = []
+        for p in prefixes:
+            cache = KVBenchCache(strategy, tiny_model.config)
+            tiny_model(input_ids=p, cache=cache, use_cache=True)
+            caches.append(cache)
+        return caches
+
+    with torch.inference_mode():
+        alone = [tiny_model(input_ids=n, cache=c, use_cache=True).logits[0] for n, c in zip(news, built(), strict=True)]
+        rows = RowsCache(built())
+        width = max(n.shape[1] for n in news)
+        ids = torch.zeros(2, width, dtype=torch.long)
+        pos = torch.zeros(2, width, dtype=torch.long)
+        for i, n in enumerate(news):
+            ids[i, width - n.shape[1]:] = n[0]
+            start = rows.seen(i)
+            pos[i] = torch.arange(start + n.shape[1] - width, start + n.shape[1]).clamp(min=start)
+        rows.lengths = [n.shape[1] for n in news]
+        with rows.masks(tiny_model):
+            together = tiny_model(input_ids=ids, position_ids=pos, cache=rows, use_cache=True).logits
+    for i, (n, want) in enumerate(zip(news, alone, strict=True)):
+        torch.testing.assert_close(together[i, width - n.shape[1]:], want, rtol=1e-4, atol=1e-4)
+    assert [c.held_tokens()[0] for c in rows.caches] == [64 - 3 + 5, 60 - 3 + 2]

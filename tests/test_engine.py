@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -12,6 +13,7 @@ from kvbench.engine import Engine, query_window_for, run_samples
 from kvbench.models import ByteTokenizer, LoadedModel
 from kvbench.results import RunStore
 from kvbench.tasks.base import Sample
+from strategies.base import RunContext
 
 
 def _samples(n: int = 3) -> list[Sample]:
@@ -48,6 +50,27 @@ def test_records_cover_every_sample_and_strategy(engine, tmp_path):
     assert all(r["kl"] >= 0 and r["generated_tokens"] >= 1 for r in int8)
     assert all(r["context_tokens"] == 120 and r["spec_version"] for r in recs)
     assert all(r["decode_ms_per_token"] > 0 for r in recs)
+    assert all(r["batch_size"] == 1 and r["scratch_bytes"] == 0 for r in recs)  # neither store keeps a copy
+    assert all(r["peak_bytes_decode_excl_scratch"] == r["peak_bytes_decode"] for r in recs)
+
+
+def test_scratch_is_recorded_and_taken_off_the_decode_peak(engine, monkeypatch):
+    from kvbench.cache import KVBenchCache
+
+    monkeypatch.setattr(KVBenchCache, "scratch_bytes", lambda self: 1000)
+    rec = engine.evaluate(strategies.build("full"), _samples(1)[0], engine.prefill(_samples(1)[0], 0), None).record
+    assert rec["scratch_bytes"] == 1000
+    assert rec["peak_bytes_decode_excl_scratch"] == max(0, rec["peak_bytes_decode"] - 1000)
+
+
+@pytest.mark.skipif("working_copy" not in {f.name for f in dataclasses.fields(RunContext)},
+                    reason="RunContext.working_copy arrives with the quantized stores' working copies")
+@pytest.mark.parametrize("enabled", [True, False])
+def test_working_copy_setting_reaches_the_strategy(engine, enabled):
+    engine.working_copy = enabled
+    strategy, sample = strategies.build("int8", {"group_size": 8}), _samples(1)[0]
+    engine.evaluate(strategy, sample, engine.prefill(sample, 0), None)
+    assert strategy.context.working_copy is enabled
 
 
 def test_resume_skips_finished_samples_and_survives_a_torn_line(engine, tmp_path, monkeypatch):
