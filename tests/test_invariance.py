@@ -19,6 +19,7 @@ import torch
 import yaml
 
 import strategies
+from kvbench.config import strategy_params
 from kvbench.engine import Engine, run_samples
 from kvbench.hardware import HardwareProfile
 from kvbench.models import ByteTokenizer, LoadedModel, tiny_llama
@@ -33,10 +34,8 @@ NAMES = strategies.available()
 
 
 def _build(name: str) -> Any:
-    """The strategy at the defaults the CLI gives it (its conf/strategy YAML)."""
-    path = ROOT / "conf" / "strategy" / f"{name}.yaml"
-    params = yaml.safe_load(path.read_text()) if path.is_file() else {}
-    return strategies.build(name, {k: v for k, v in (params or {}).items() if k != "name"})
+    """The strategy at the defaults the CLI gives it (the composed config of ``strategy=name``)."""
+    return strategies.build(name, strategy_params(name))
 
 
 def _samples() -> list[Sample]:
