@@ -19,7 +19,9 @@
 # Environment: PYTHON (default .venv/bin/python if present, else python), MODEL (default smollm2-135m),
 #   HARDWARE (default cpu), RESULTS_DIR (default results), TASKS (default "legal papers fiction"),
 #   N_SAMPLES (default 100), SETTINGS (default "true false": the task.query_aware values to run),
-#   OVERRIDES (extra Hydra overrides for every run, e.g. "task.context_tokens=512" for a quick check).
+#   OVERRIDES (extra Hydra overrides for every run, e.g. "task.context_tokens=512" for a quick check),
+#   JOBS (default 1: the (task, setting) runs one after another; N > 1 runs up to N at once, each with
+#   hardware.threads = max(1, cores / N), so an interrupted sweep still has every cell at a similar n).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -38,6 +40,7 @@ TASKS="${TASKS:-legal papers fiction}"
 N_SAMPLES="${N_SAMPLES:-100}"
 SETTINGS="${SETTINGS:-true false}"
 read -r -a OVERRIDES <<< "${OVERRIDES:-}"
+JOBS="${JOBS:-1}"
 
 fresh=0
 dry=0
@@ -55,6 +58,10 @@ for qa in $SETTINGS; do
     *) echo "reproduce_leaderboard.sh: SETTINGS holds $qa (valid: true, false)" >&2; exit 2 ;;
   esac
 done
+if ! [[ "$JOBS" =~ ^[1-9][0-9]*$ ]]; then
+  echo "reproduce_leaderboard.sh: JOBS must be a positive integer, got '$JOBS'" >&2
+  exit 2
+fi
 if ! [[ "$N_SAMPLES" =~ ^[1-9][0-9]*$ ]]; then
   echo "reproduce_leaderboard.sh: N_SAMPLES must be a positive integer, got '$N_SAMPLES'" >&2
   exit 2
@@ -75,13 +82,26 @@ if [[ "$fresh" == 1 ]]; then
   run rm -rf "$RESULTS_DIR/runs" "$RESULTS_DIR/store" "$RESULTS_DIR/baselines"
 fi
 
+PARALLEL=()
+if [[ "$JOBS" -gt 1 ]]; then
+  cores="$(nproc)"
+  PARALLEL=("hardware.threads=$(( cores / JOBS > 0 ? cores / JOBS : 1 ))")
+fi
 for task in $TASKS; do
   for qa in $SETTINGS; do
-    run "$PY" -m kvbench "strategies=[$STRATEGIES]" "task=$task" "task.query_aware=$qa" \
-      "task.n_samples=$N_SAMPLES" "model=$MODEL" "hardware=$HARDWARE" "results_dir=$RESULTS_DIR" \
-      engine.progress=false ${OVERRIDES[@]+"${OVERRIDES[@]}"}
+    if [[ "$JOBS" -gt 1 && "$dry" == 0 ]]; then
+      while [[ "$(jobs -rp | wc -l)" -ge "$JOBS" ]]; do wait -n; done
+      run "$PY" -m kvbench "strategies=[$STRATEGIES]" "task=$task" "task.query_aware=$qa" \
+        "task.n_samples=$N_SAMPLES" "model=$MODEL" "hardware=$HARDWARE" "results_dir=$RESULTS_DIR" \
+        engine.progress=false "${PARALLEL[@]}" ${OVERRIDES[@]+"${OVERRIDES[@]}"} &
+    else
+      run "$PY" -m kvbench "strategies=[$STRATEGIES]" "task=$task" "task.query_aware=$qa" \
+        "task.n_samples=$N_SAMPLES" "model=$MODEL" "hardware=$HARDWARE" "results_dir=$RESULTS_DIR" \
+        engine.progress=false ${PARALLEL[@]+"${PARALLEL[@]}"} ${OVERRIDES[@]+"${OVERRIDES[@]}"}
+    fi
   done
 done
+wait
 
 # Leaderboard + claim check + plots, ranked for this model and hardware profile only.
 run "$PY" -m kvbench leaderboard --results-dir "$RESULTS_DIR" --model "$MODEL" --hardware "$HARDWARE" --plots
