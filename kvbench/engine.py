@@ -212,7 +212,7 @@ class Engine:
                 cache = _batched(sub)
                 with attached(cache, self.model, strategy), PeakMemory(self.device) as peak:
                     out = self.greedy(cache, [queries[i] for i in decode],
-                                       [samples[i].max_new_tokens for i in decode])
+                                      [samples[i].max_new_tokens for i in decode])
                 for i, g, c in zip(decode, out, sub, strict=True):
                     g.peak_bytes = peak.peak_bytes
                     gens[i] = g
