@@ -23,7 +23,7 @@ evictions decoding makes.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -99,18 +99,23 @@ class Engine:
         if len({len(s.prefix_ids) for s in batch}) != 1:
             raise KVBenchError("a batched prefill needs samples of one context length; got "
                                f"{sorted({len(s.prefix_ids) for s in batch})}")
-        ids = torch.tensor([s.prefix_ids for s in batch], device=self.device)
+        return self.capture(torch.tensor([s.prefix_ids for s in batch], device=self.device), query_window)
+
+    def capture(self, ids: torch.Tensor, query_window: int | None) -> Prefill:
+        """Full-attention prefill of the token rows ``ids`` ``[batch, T]``, capturing K/V and the last
+        ``query_window`` queries per layer (``None``: all of them)."""
+        batch = ids.shape[0]
         capture_cache = KVBenchCache(_full(), self.model.config)
         with torch.inference_mode(), QueryRecorder(self.model, query_window) as rec, \
                 PeakMemory(self.device) as peak, Timer(self.device) as timer:
             self.model(input_ids=ids, cache=capture_cache, use_cache=True, logits_to_keep=1)
         keys = [layer.store.keys for layer in capture_cache.layers]
         values = [layer.store.values for layer in capture_cache.layers]
-        if len(batch) == 1:
+        if batch == 1:
             return Prefill([PrefillRow(keys, values, rec.captures)], timer.seconds, peak.peak_bytes)
         # Each row gets storage of its own, so a store holding it (``full``) counts one sample's bytes.
         rows = [PrefillRow([k[r:r + 1].clone() for k in keys], [v[r:r + 1].clone() for v in values],
-                           [_capture_row(c, r) for c in rec.captures]) for r in range(len(batch))]
+                           [_capture_row(c, r) for c in rec.captures]) for r in range(batch)]
         return Prefill(rows, timer.seconds, peak.peak_bytes)
 
     def warmup(self, n_tokens: int = 64) -> None:
@@ -122,8 +127,9 @@ class Engine:
             self.model(input_ids=ids[:, :1], cache=cache, use_cache=True)
 
     # -- phase 2: one strategy on captured prefills ---------------------------------------------
-    def _bind(self, strategy: Strategy, sample: Sample) -> None:
-        prefix = torch.tensor([sample.prefix_ids], device=self.device)
+    def bind(self, strategy: Strategy, prefix_ids: Sequence[int]) -> None:
+        """Bind ``strategy`` to this run for one prefix: stores read their prefix ids when they are built."""
+        prefix = torch.tensor([list(prefix_ids)], device=self.device, dtype=torch.long)
         strategy.bind(RunContext(model=self.model, hardware=self.hardware, prefix_ids=prefix, device=self.device,
                                  **_working_copy_arg(self.working_copy)))
 
@@ -168,12 +174,12 @@ class Engine:
             def make_caches() -> list[KVBenchCache]:
                 out = []
                 for i, (sample, r) in enumerate(zip(samples, rows, strict=True)):
-                    self._bind(strategy, sample)  # per sample: stores read their own prefix ids at build
+                    self.bind(strategy, sample.prefix_ids)  # per sample: stores read their own prefix ids at build
                     cache, compress_s[i] = self._cache(strategy, pre.rows[r])
                     out.append(cache)
                 return out
         else:
-            self._bind(strategy, samples[0])
+            self.bind(strategy, samples[0].prefix_ids)
             prefix = torch.tensor([samples[0].prefix_ids], device=self.device)
             built, prefill_s, prefill_peak = self.chunked_prefill(strategy, prefix, chunk_tokens)
             # Compression happened inside the chunked prefill; pass (a) gets a copy, pass (b) the original.
@@ -204,9 +210,9 @@ class Engine:
                 caches = make_caches()
                 sub = [caches[i] for i in decode]
                 cache = _batched(sub)
-                with _attached(cache, self.model, strategy), PeakMemory(self.device) as peak:
-                    out = self._greedy(cache, [queries[i] for i in decode],
-                                       [samples[i].max_new_tokens for i in decode])
+                with attached(cache, self.model, strategy), PeakMemory(self.device) as peak:
+                    out = self.greedy(cache, [queries[i] for i in decode],
+                                      [samples[i].max_new_tokens for i in decode])
                 for i, g, c in zip(decode, out, sub, strict=True):
                     g.peak_bytes = peak.peak_bytes
                     gens[i] = g
@@ -270,7 +276,7 @@ class Engine:
         return results
 
     # -- forwards over one cache or several rows --------------------------------------------------
-    def _forward(self, cache: KVBenchCache | RowsCache, tokens: list[list[int]], keep: int) -> torch.Tensor:
+    def forward(self, cache: KVBenchCache | RowsCache, tokens: list[list[int]], keep: int) -> torch.Tensor:
         """Logits ``[rows, keep, vocab]`` after feeding row ``i`` its ``tokens[i]``; rows are right-aligned
         (the last ``min(keep, len(tokens[i]))`` positions of row ``i`` are its own)."""
         model = self.model
@@ -293,49 +299,53 @@ class Engine:
                        golds: list[list[int]]) -> list[torch.Tensor]:
         """Log-probs ``[len(gold), vocab]`` per row of each gold token given the question and earlier gold."""
         model = self.model
-        with _attached(cache, model, strategy):
+        with attached(cache, model, strategy):
             if not changes_cache_while_decoding(strategy):
                 keep = max(len(g) for g in golds)
-                logits = self._forward(cache, [q + g[:-1] for q, g in zip(queries, golds, strict=True)], keep)
+                logits = self.forward(cache, [q + g[:-1] for q, g in zip(queries, golds, strict=True)], keep)
                 return [torch.log_softmax(logits[i, keep - len(g):].float(), dim=-1) for i, g in enumerate(golds)]
             # Question in one forward, then one gold token per step: the cache evicts as it does when decoding.
             steps: list[list[torch.Tensor]] = [[] for _ in golds]
-            logits = self._forward(cache, queries, 1)
+            logits = self.forward(cache, queries, 1)
             for i in range(len(golds)):
                 steps[i].append(logits[i, -1])
             rows = list(range(len(golds)))
             for k in range(max(len(g) for g in golds) - 1):
                 rows = [i for i in rows if k < len(golds[i]) - 1]
                 _activate(cache, rows)
-                logits = self._forward(cache, [[golds[i][k]] for i in rows], 1)
+                logits = self.forward(cache, [[golds[i][k]] for i in rows], 1)
                 for j, i in enumerate(rows):
                     steps[i].append(logits[j, -1])
             return [torch.log_softmax(torch.stack(s).float(), dim=-1) for s in steps]
 
-    def _greedy(self, cache: KVBenchCache | RowsCache, queries: list[list[int]] | torch.Tensor,
-                max_new_tokens: list[int] | int) -> list[_Generation] | _Generation:
-        """Greedy decoding of every row until its EOS or its ``max_new_tokens``; finished rows leave the batch.
+    def greedy(self, cache: KVBenchCache | RowsCache, queries: list[list[int]] | torch.Tensor,
+               max_new_tokens: list[int] | int,
+               stop: Callable[[list[int]], bool] | None = None) -> list[_Generation] | _Generation:
+        """Greedy decoding of every row until its EOS (kept, as transformers' ``generate`` keeps it), its
+        ``max_new_tokens``, or ``stop(tokens so far)``; finished rows leave the batch. The caller holds
+        ``torch.inference_mode()`` and :class:`attached`.
 
         A single query tensor and an int limit (the batch-1 API) return one :class:`_Generation`."""
         single = isinstance(queries, torch.Tensor)
         if single:
             queries, max_new_tokens = [queries.tolist()], [int(max_new_tokens)]  # type: ignore[arg-type]
-        eos = _eos_ids(self.lm)
+        eos = eos_ids(self.lm)
         gens = [_Generation() for _ in queries]
         with Timer(self.device) as t:
-            logits = self._forward(cache, queries, 1)  # type: ignore[arg-type]
+            logits = self.forward(cache, queries, 1)  # type: ignore[arg-type]
         toks = [int(x) for x in logits[:, -1].argmax(-1)]
         for g, tok in zip(gens, toks, strict=True):
             g.first_s = t.seconds
             g.tokens.append(tok)
         rows = list(range(len(gens)))
         while True:
-            rows = [i for i in rows if len(gens[i].tokens) < max_new_tokens[i] and gens[i].tokens[-1] not in eos]
+            rows = [i for i in rows if len(gens[i].tokens) < max_new_tokens[i] and gens[i].tokens[-1] not in eos
+                    and not (stop and stop(gens[i].tokens))]
             if not rows:
                 break
             _activate(cache, rows)
             with Timer(self.device) as t:
-                logits = self._forward(cache, [[gens[i].tokens[-1]] for i in rows], 1)
+                logits = self.forward(cache, [[gens[i].tokens[-1]] for i in rows], 1)
                 toks = [int(x) for x in logits[:, -1].argmax(-1)]
             for i, tok in zip(rows, toks, strict=True):
                 gens[i].step_s.append(t.seconds)
@@ -351,7 +361,7 @@ class _Generation:
     peak_bytes: int = 0
 
 
-class _attached:
+class attached:
     """``cache.attach(model)`` for strategies that read queries during decoding; a no-op otherwise."""
 
     def __init__(self, cache: KVBenchCache | RowsCache, model: torch.nn.Module, strategy: Strategy) -> None:
@@ -403,9 +413,11 @@ def _full() -> Strategy:
     return Full()
 
 
-def _eos_ids(lm: LoadedModel) -> set[int]:
+def eos_ids(lm: LoadedModel) -> set[int]:
+    """End-of-sequence ids: the tokenizer's and the generation config's (where transformers' ``generate`` stops)."""
     ids: set[int] = set()
-    for src in (getattr(lm.tokenizer, "eos_token_id", None), getattr(lm.model.generation_config, "eos_token_id", None)):
+    generation_config = getattr(lm.model, "generation_config", None)
+    for src in (getattr(lm.tokenizer, "eos_token_id", None), getattr(generation_config, "eos_token_id", None)):
         if isinstance(src, int):
             ids.add(src)
         elif isinstance(src, (list, tuple)):

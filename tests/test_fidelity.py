@@ -52,9 +52,9 @@ def test_teacher_forcing_follows_the_decoding_cache(engine, name, params, monkey
     greedy decode saw: the fidelity pass and the decode hold the same cache at every step."""
     strategy = strategies.build(name, params if name == "compose" else {**params, "budget_tokens": 6})
     assert changes_cache_while_decoding(strategy)
-    monkeypatch.setattr(engine_module, "_eos_ids", lambda lm: set())  # the random model may emit EOS at once
-    decoded, greedy_fn = [], engine._greedy
-    monkeypatch.setattr(engine, "_greedy", lambda *a: decoded.append(out := greedy_fn(*a)) or out)
+    monkeypatch.setattr(engine_module, "eos_ids", lambda lm: set())  # the random model may emit EOS at once
+    decoded, greedy_fn = [], engine.greedy
+    monkeypatch.setattr(engine, "greedy", lambda *a: decoded.append(out := greedy_fn(*a)) or out)
     _run(engine, strategy, _sample([1] * 12))
     tokens = decoded[0][0].tokens
     assert len(tokens) == 12
