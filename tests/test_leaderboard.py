@@ -53,6 +53,22 @@ def test_metrics_registry_is_the_one_list():
     assert numeric_csv - {"delta_method"} <= set(HIGHER_IS_BETTER)
 
 
+def test_a_failed_atomic_write_keeps_the_old_file_and_no_temporary(tmp_path):
+    from kvbench.results import atomic_write, atomic_write_text
+
+    target = tmp_path / "leaderboard.md"
+    atomic_write_text(target, "old\n")
+
+    def torn(tmp: str) -> None:
+        Path(tmp).write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(target, torn)
+    assert target.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["leaderboard.md"]
+
+
 def test_writes_markdown_csv_html_and_claim_check(store_dir, records, tmp_path, capsys):
     assert leaderboard.main(["--results-dir", str(store_dir), "--out-dir", str(tmp_path)]) == 0
     for name in OUTPUTS:
