@@ -10,14 +10,13 @@ wrote) are never opened; the run says once that it ignored them.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvbench.results import _mkstemp, _umask, warn
+from kvbench.results import atomic_write, warn
 
 if TYPE_CHECKING:
     from kvbench.engine import StrategyResult
@@ -70,15 +69,8 @@ def save_baseline(root: Path, key: str, result: StrategyResult) -> None:
 
     record: dict[str, Any] = result.record
     meta = {_RECORD: json.dumps(record, sort_keys=True, default=_json_default)}
-    fd, tmp = _mkstemp(baseline_path(root, key))
-    os.close(fd)
-    try:
-        save_file({_LOGP: result.logp.detach().to("cpu").contiguous()}, tmp, metadata=meta)
-        os.chmod(tmp, 0o666 & ~_umask())  # save_file recreates the file with mkstemp's 0600
-        os.replace(tmp, baseline_path(root, key))
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    logp = result.logp.detach().to("cpu").contiguous()
+    atomic_write(baseline_path(root, key), lambda tmp: save_file({_LOGP: logp}, tmp, metadata=meta))
 
 
 def _json_default(obj: Any) -> Any:

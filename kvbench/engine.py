@@ -37,6 +37,7 @@ from kvbench.cache import KVBenchCache, RowsCache
 from kvbench.capture import QueryRecorder
 from kvbench.errors import KVBenchError
 from kvbench.models import LoadedModel
+from kvbench.record import Record
 from kvbench.spec import PeakMemory, Timer, fidelity, median, memory_reduction
 from kvbench.tasks.base import Sample
 from kvbench.tasks.metrics import score as task_score
@@ -230,49 +231,49 @@ class Engine:
             value = fid.gold_token_accuracy if sample.metric == "token_accuracy" else \
                 task_score(sample.metric, prediction, sample.answers)
             held_mean = sum(held[i]) / len(held[i])
-            record = {
-                **self.run_fields,
-                "spec_version": SPEC_VERSION,
-                "sample_id": sample.sample_id,
-                "strategy": strategy.label(),
-                "strategy_name": strategy.name,
-                "family": strategy.family,
-                "params": strategy.params(),
-                "metric": sample.metric,
-                "score": float(value),
-                "prediction": prediction,
-                "answers": list(sample.answers),
-                "context_tokens": sample.context_tokens,
-                "query_tokens": len(sample.query_ids),
-                "gold_tokens": len(sample.gold_ids),
-                "sample_meta": sample.metadata,
-                "kv_bytes": int(kv_bytes[i]),
-                "kv_bytes_fp16": int(kv_fp16[i]),
-                "memory_reduction": memory_reduction(kv_bytes[i], kv_fp16[i]),
-                "bytes_per_token": kv_bytes[i] / sample.context_tokens,
-                "held_tokens_mean": held_mean,
-                "kept_fraction": held_mean / sample.context_tokens,
-                "prefill_mode": "shared" if pre is not None else f"chunked:{chunk_tokens}",
-                "batch_size": len(samples),
-                "prefill_s": prefill_s,
-                "compress_s": compress_s[i],
-                "query_s": gen.first_s,
-                "ttft_s": prefill_s + compress_s[i] + gen.first_s,
-                "decode_ms_per_token": 1000 * median(gen.step_s),
-                "decode_steps": len(gen.step_s),
-                "generated_tokens": len(gen.tokens),
-                "kl": fid.kl,
-                "top1_agreement": fid.top1_agreement,
-                "gold_nll": fid.gold_nll,
-                "gold_token_accuracy": fid.gold_token_accuracy,
-                "peak_bytes_prefill": prefill_peak,
-                "peak_bytes_decode": gen.peak_bytes,
-                "scratch_bytes": int(scratch[i]),
+            record = Record(
+                run=self.run_fields,
+                spec_version=SPEC_VERSION,
+                sample_id=sample.sample_id,
+                strategy=strategy.label(),
+                strategy_name=strategy.name,
+                family=strategy.family,
+                params=strategy.params(),
+                metric=sample.metric,
+                score=float(value),
+                prediction=prediction,
+                answers=list(sample.answers),
+                context_tokens=sample.context_tokens,
+                query_tokens=len(sample.query_ids),
+                gold_tokens=len(sample.gold_ids),
+                sample_meta=sample.metadata,
+                kv_bytes=int(kv_bytes[i]),
+                kv_bytes_fp16=int(kv_fp16[i]),
+                memory_reduction=memory_reduction(kv_bytes[i], kv_fp16[i]),
+                bytes_per_token=kv_bytes[i] / sample.context_tokens,
+                held_tokens_mean=held_mean,
+                kept_fraction=held_mean / sample.context_tokens,
+                prefill_mode="shared" if pre is not None else f"chunked:{chunk_tokens}",
+                batch_size=len(samples),
+                prefill_s=prefill_s,
+                compress_s=compress_s[i],
+                query_s=gen.first_s,
+                ttft_s=prefill_s + compress_s[i] + gen.first_s,
+                decode_ms_per_token=1000 * median(gen.step_s),
+                decode_steps=len(gen.step_s),
+                generated_tokens=len(gen.tokens),
+                kl=fid.kl,
+                top1_agreement=fid.top1_agreement,
+                gold_nll=fid.gold_nll,
+                gold_token_accuracy=fid.gold_token_accuracy,
+                peak_bytes_prefill=prefill_peak,
+                peak_bytes_decode=gen.peak_bytes,
+                scratch_bytes=int(scratch[i]),
                 # the decode peak is the whole batch's, so every decoded row's working copy comes off it
-                "peak_bytes_decode_excl_scratch": max(0, gen.peak_bytes - (batch_scratch if gen.tokens else 0)),
-                "stats": stats[i],
-            }
-            results.append(StrategyResult(record, logps[i]))
+                peak_bytes_decode_excl_scratch=max(0, gen.peak_bytes - (batch_scratch if gen.tokens else 0)),
+                stats=stats[i],
+            )
+            results.append(StrategyResult(record.to_dict(), logps[i]))
         return results
 
     # -- forwards over one cache or several rows --------------------------------------------------

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from kvbench.results import _mkstemp, stable_hash
+from kvbench.results import atomic_write_text, stable_hash
 
 DIGEST_FILE = ".kvbench-digest.json"
 _BLOCK = 1 << 20
@@ -140,10 +139,7 @@ def _write_cache(path: Path, data: dict[str, Any]) -> None:
     # Beside the weights when the directory is writable, else in kvbench's cache; never fail the run over it.
     for target in (path, _fallback_cache_file(Path(data["root"]))):
         try:
-            fd, tmp = _mkstemp(target)
-            with os.fdopen(fd, "w") as fh:
-                json.dump(data, fh, sort_keys=True)
-            os.replace(tmp, target)
+            atomic_write_text(target, json.dumps(data, sort_keys=True))
             return
         except OSError:
             continue

@@ -42,6 +42,7 @@ import pandas as pd
 from kvbench.claims import OVERALL, check_claims, render_claims
 from kvbench.errors import KVBenchError
 from kvbench.labels import shorten
+from kvbench.record import HIGHER_IS_BETTER  # sort direction per metric: larger first where True
 from kvbench.report import BASELINE, summarize
 from kvbench.results import atomic_write_text, read_store
 from kvbench.selection import (
@@ -77,13 +78,6 @@ OVERALL_COLUMNS = ("n", "delta_pp", "delta_ci_low", "delta_ci_high", "relative_l
 TEST_COLUMNS = ("delta_method", "n_only_strategy", "n_only_baseline", "mcnemar_p")
 ROW_COLUMNS = ("setting", "strategy", "label", "name", "family", "params", "model", "spec_version")
 
-#: Sort direction per metric: True when larger is better (shown first by ``--sort``).
-HIGHER_IS_BETTER = {
-    "n": True, "accuracy": True, "delta_pp": True, "delta_ci_low": True, "delta_ci_high": True,
-    "relative_loss": False, "memory_reduction": True, "bytes_per_token": False, "kept_fraction": False,
-    "prefill_s": False, "ttft_s": False, "decode_ms_per_token": False,
-    "n_only_strategy": True, "n_only_baseline": False, "mcnemar_p": True,
-}
 DEFAULT_SORT = f"{OVERALL}.delta_pp"
 CSV_FLOAT_FORMAT = "%.6g"
 

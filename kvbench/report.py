@@ -9,19 +9,16 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from kvbench.record import AGGREGATED, PAIRED, Metric
 from kvbench.spec import accuracy_delta, accuracy_interval, binary_metric
 
 BASELINE = "full"
 #: ``setting`` of a record: the question is in the compressed prefix (kvbench's default) or asked after
 #: compression (the field's standard setting, kvpress's).
 QUERY_AWARE, QUERY_AGNOSTIC = "query-aware", "query-agnostic"
-SUMMARY_COLUMNS = [
-    "task", "setting", "strategy", "family", "n", "accuracy", "accuracy_ci_low", "accuracy_ci_high",
-    "baseline_accuracy", "delta_pp", "delta_ci_low", "delta_ci_high", "delta_method", "n_only_strategy",
-    "n_only_baseline", "mcnemar_p", "relative_loss", "kv_mib", "kv_mib_fp16", "memory_reduction",
-    "bytes_per_token", "kept_fraction", "prefill_s", "compress_s", "ttft_s", "decode_ms_per_token", "kl",
-    "top1_agreement", "gold_nll", "context_tokens", "spec_version", "model", "hardware",
-]
+#: Columns of a summary row: what the row is about, the metrics registry's figures, then descriptive fields.
+SUMMARY_COLUMNS = ["task", "setting", "strategy", "family", *PAIRED, *(m.name for m in AGGREGATED),
+                   "context_tokens", "spec_version", "model", "hardware"]
 
 
 def settings(records: pd.DataFrame) -> pd.Series:
@@ -47,11 +44,7 @@ def summarize(records: pd.DataFrame, baseline: str = BASELINE, seed: int = 0) ->
         delta = accuracy_delta(paired["score_base"].to_numpy(), paired["score"].to_numpy(), seed=seed,
                                binary=binary)
         acc, acc_lo, acc_hi = accuracy_interval(grp["score"].to_numpy(), binary=binary, seed=seed)
-        rows.append({
-            "task": task,
-            "setting": setting,
-            "strategy": strategy,
-            "family": grp["family"].iloc[0],
+        paired_figures = {
             "n": len(grp),
             "accuracy": acc,
             "accuracy_ci_low": acc_lo,
@@ -65,18 +58,14 @@ def summarize(records: pd.DataFrame, baseline: str = BASELINE, seed: int = 0) ->
             "n_only_baseline": delta.n_only_baseline,
             "mcnemar_p": delta.mcnemar_p,
             "relative_loss": delta.relative_loss,
-            "kv_mib": grp["kv_bytes"].mean() / 2**20,
-            "kv_mib_fp16": grp["kv_bytes_fp16"].mean() / 2**20,
-            "memory_reduction": grp["memory_reduction"].mean(),
-            "bytes_per_token": grp["bytes_per_token"].mean(),
-            "kept_fraction": grp["kept_fraction"].mean(),
-            "prefill_s": grp["prefill_s"].median(),
-            "compress_s": grp["compress_s"].median(),
-            "ttft_s": grp["ttft_s"].median(),
-            "decode_ms_per_token": _nanmedian(grp["decode_ms_per_token"]),
-            "kl": grp["kl"].mean(),
-            "top1_agreement": grp["top1_agreement"].mean(),
-            "gold_nll": grp["gold_nll"].mean(),
+        }
+        rows.append({
+            "task": task,
+            "setting": setting,
+            "strategy": strategy,
+            "family": grp["family"].iloc[0],
+            **{name: paired_figures[name] for name in PAIRED},
+            **{m.name: _aggregate(grp[m.field], m) for m in AGGREGATED},
             "context_tokens": int(grp["context_tokens"].median()),
             "spec_version": grp["spec_version"].iloc[0],
             "model": grp["model"].iloc[0],
@@ -87,6 +76,18 @@ def summarize(records: pd.DataFrame, baseline: str = BASELINE, seed: int = 0) ->
     return out.sort_values(["task", "setting", "strategy"],
                            key=lambda s: s.map(lambda v: (first[s.name].get(v, 1), v)) if s.name in first else s,
                            kind="mergesort").reset_index(drop=True)
+
+
+def _aggregate(values: pd.Series, metric: Metric) -> float:
+    if metric.agg == "mean":
+        v = values.mean()
+    elif metric.agg == "median":
+        v = values.median()
+    elif metric.agg == "nanmedian":
+        v = _nanmedian(values)
+    else:
+        raise ValueError(f"metric {metric.name} has no per-record aggregation ({metric.agg})")
+    return v * metric.scale if metric.scale != 1.0 else v
 
 
 def _nanmedian(s: pd.Series) -> float:

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
@@ -91,28 +91,36 @@ def clean_stale_tmp(directory: Path, older_than: float = STALE_TMP_SECONDS) -> l
     return removed
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = _mkstemp(path)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_parquet(df: pd.DataFrame, path: Path) -> None:
+def atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    """The one atomic write: ``write(tmp)`` fills a temporary file beside ``path``, which is then fsynced and
+    renamed over ``path``, so a reader sees the old file or the whole new one, never a torn one. The file
+    gets the user's umask; a failed write leaves no temporary file behind."""
     fd, tmp = _mkstemp(path)
     os.close(fd)
     try:
-        df.to_parquet(tmp, index=False)
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # writers that recreate the file (safetensors) get mkstemp's 0600
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+
+    atomic_write(path, write)
+
+
+def atomic_write_parquet(df: pd.DataFrame, path: Path) -> None:
+    atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
 
 
 def environment() -> dict[str, Any]:

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from kvbench.errors import KVBenchError
+from kvbench.quantizers import gather_tokens
 from strategies.base import LayerCapture, LayerStore, RunContext, Strategy, require
 from strategies.full import FullStore
 
@@ -80,11 +81,6 @@ def require_bool(value: object, what: str) -> None:
 
 
 # -- tensor helpers -----------------------------------------------------------------------------------------
-def gather_tokens(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``x[b, h, index[b, h, i]]`` as a new tensor: ``[B, H, N, D]`` x ``[B, H, k]`` -> ``[B, H, k, D]``."""
-    return torch.gather(x, 2, index.unsqueeze(-1).expand(*index.shape, x.shape[-1]))
-
-
 def select_keep(scores: torch.Tensor | None, shape: tuple[int, int, int], keep: int, sinks: int = 0,
                 recent: int = 0, device: torch.device | str | None = None) -> torch.Tensor:
     """Sorted indices ``[B, H, keep]`` of the tokens to keep out of ``shape = (B, H, N)``.
@@ -255,7 +251,7 @@ class EvictingStore(LayerStore):
         index = self._choose(scores, (b, h, n), keep, keys.device)
         # gather copies: the shared captured prefill is never written to, and the kept rows are compact.
         self.inner.capture = capture
-        self.inner.prefill(gather_tokens(keys, index), gather_tokens(values, index), capture)
+        self.inner.prefill(gather_tokens(keys, index, -2), gather_tokens(values, index, -2), capture)
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n_new = keys.shape[-2]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvbench.quantizers import gather_tokens
 from strategies.base import LayerCapture, LayerStore, Strategy
 
 
@@ -37,11 +38,9 @@ class FullStore(LayerStore):
         """Keep held tokens ``index`` (``[batch, kv_heads, n]``) in new, smaller tensors, freeing the old."""
         if self.keys is None or self.values is None:
             return
-        k_idx = index.unsqueeze(-1).expand(*index.shape, self.keys.shape[-1])
-        v_idx = index.unsqueeze(-1).expand(*index.shape, self.values.shape[-1])
         # gather allocates: tensors returned to attention (or shared with a captured prefill) stay untouched.
-        self.keys = torch.gather(self.keys, 2, k_idx)
-        self.values = torch.gather(self.values, 2, v_idx)
+        self.keys = gather_tokens(self.keys, index, -2)
+        self.values = gather_tokens(self.values, index, -2)
 
 
 @dataclass

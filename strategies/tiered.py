@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from kvbench.errors import KVBenchError
-from kvbench.quantizers import SymmetricInt8, quantize_int8
+from kvbench.quantizers import SymmetricInt8, gather_tokens, quantize_int8
 from strategies._tiers import (
     DiskPacket,
     HostPacket,
@@ -145,7 +145,7 @@ class TieredStore(LayerStore):
             # A stable sort of the 0/1 flags lists cold positions first, then hot ones, each ascending.
             order = torch.argsort(is_hot, dim=-1, stable=True) + s
             cold_index, heavy_index = order[..., :n_cold], order[..., n_cold:]
-            self.heavy = (_gather(keys, heavy_index), _gather(values, heavy_index),
+            self.heavy = (gather_tokens(keys, heavy_index, -2), gather_tokens(values, heavy_index, -2),
                           heavy_index.to(torch.int32))
         n_host = round(cfg.host_fraction * n_cold)
         n_disk = n_cold - n_host
@@ -157,7 +157,7 @@ class TieredStore(LayerStore):
                     self._offload(keys[:, :, s + a:s + z], values[:, :, s + a:s + z], tier, s + a, None)
                 else:
                     idx = cold_index[..., a:z]
-                    self._offload(_gather(keys, idx), _gather(values, idx), tier, None, idx)
+                    self._offload(gather_tokens(keys, idx, -2), gather_tokens(values, idx, -2), tier, None, idx)
 
     def _offload(self, k: torch.Tensor, v: torch.Tensor, tier: str, start: int | None,
                  index: torch.Tensor | None) -> None:
@@ -350,10 +350,6 @@ def _modelled_reads(profile: Any, host_bytes: int, disk_bytes: int) -> float | N
     if any(p is None for p in parts):
         return None
     return float(sum(parts))  # type: ignore[arg-type]
-
-
-def _gather(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    return x.gather(2, index.unsqueeze(-1).expand(-1, -1, -1, x.shape[-1]))
 
 
 def _place(out_k: torch.Tensor, out_v: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int | None,

@@ -11,6 +11,7 @@ import torch
 import strategies
 from kvbench.engine import Engine, query_window_for, run_samples
 from kvbench.models import ByteTokenizer, LoadedModel
+from kvbench.record import FIELDS, MEASURED_FIELDS, Record
 from kvbench.results import RunStore
 from kvbench.tasks.base import Sample
 from strategies.base import RunContext
@@ -56,6 +57,26 @@ def test_records_cover_every_sample_and_strategy(engine, tmp_path):
     assert all(r["scratch_bytes"] > 0 for r in int8)
     assert all(r["peak_bytes_decode_excl_scratch"] == r["peak_bytes_decode"] for r in full)
     assert all(r["peak_bytes_decode_excl_scratch"] == max(0, r["peak_bytes_decode"] - r["scratch_bytes"]) for r in int8)
+
+
+def test_records_are_the_schema_in_order(engine):
+    """The engine writes exactly :class:`Record`: the run's fields, then every schema field in order."""
+    got = []
+    run_samples(engine, _samples(1), _strategies(), set(), got.extend)
+    assert got
+    for rec in got:
+        assert list(rec) == [*engine.run_fields, *FIELDS]
+        rebuilt = Record(run=engine.run_fields, **{k: rec[k] for k in FIELDS}).to_dict()
+        assert json.dumps(rebuilt) == json.dumps(rec)
+        # the measured fields are what another harness's imports fill with NaN: all numbers
+        assert all(isinstance(rec[k], int | float) and not isinstance(rec[k], bool) for k in MEASURED_FIELDS)
+
+
+def test_every_record_field_is_documented_and_grouped():
+    from kvbench.record import GROUPS
+
+    for f in dataclasses.fields(Record):
+        assert f.metadata["group"] in GROUPS and f.metadata["doc"] and "\n" not in f.metadata["doc"], f.name
 
 
 def test_scratch_is_recorded_and_taken_off_the_decode_peak(engine, monkeypatch):

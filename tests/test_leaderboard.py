@@ -40,6 +40,35 @@ def _add_variant(results: Path, records: pd.DataFrame, **changes: str) -> None:
 # ------------------------------------------------------------------------------------------- files
 
 
+def test_metrics_registry_is_the_one_list():
+    """Summary columns, their record fields and the sort directions all come from ``kvbench.record``."""
+    from kvbench.record import AGGREGATED, FIELDS, HIGHER_IS_BETTER, MEASURED_FIELDS, METRICS
+    from kvbench.report import SUMMARY_COLUMNS
+
+    assert leaderboard.HIGHER_IS_BETTER is HIGHER_IS_BETTER
+    assert set(METRICS) <= set(SUMMARY_COLUMNS)
+    for m in AGGREGATED:
+        assert m.field in FIELDS and m.field in MEASURED_FIELDS, m.name
+    numeric_csv = {*leaderboard.CSV_TASK_COLUMNS, *leaderboard.OVERALL_COLUMNS, *leaderboard.TEST_COLUMNS}
+    assert numeric_csv - {"delta_method"} <= set(HIGHER_IS_BETTER)
+
+
+def test_a_failed_atomic_write_keeps_the_old_file_and_no_temporary(tmp_path):
+    from kvbench.results import atomic_write, atomic_write_text
+
+    target = tmp_path / "leaderboard.md"
+    atomic_write_text(target, "old\n")
+
+    def torn(tmp: str) -> None:
+        Path(tmp).write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(target, torn)
+    assert target.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["leaderboard.md"]
+
+
 def test_writes_markdown_csv_html_and_claim_check(store_dir, records, tmp_path, capsys):
     assert leaderboard.main(["--results-dir", str(store_dir), "--out-dir", str(tmp_path)]) == 0
     for name in OUTPUTS:

@@ -15,14 +15,11 @@ from typing import Any
 
 from kvbench import SPEC_VERSION
 from kvbench.errors import KVBenchError
+from kvbench.record import MEASURED_FIELDS
 
-#: Engine-record fields that lm-eval does not measure; imported records carry them as NaN.
-UNMEASURED_FIELDS = (
-    "kv_bytes", "kv_bytes_fp16", "memory_reduction", "bytes_per_token", "held_tokens_mean", "kept_fraction",
-    "prefill_s", "compress_s", "query_s", "ttft_s", "decode_ms_per_token", "decode_steps", "generated_tokens",
-    "kl", "top1_agreement", "gold_nll", "gold_token_accuracy", "peak_bytes_prefill", "peak_bytes_decode",
-    "context_tokens", "query_tokens", "gold_tokens",
-)
+#: Engine-record fields that lm-eval does not measure (from the one record schema); imported records carry them
+#: as NaN.
+UNMEASURED_FIELDS = MEASURED_FIELDS
 
 
 def _metric_keys(task_results: dict[str, Any]) -> list[tuple[str, str]]:
