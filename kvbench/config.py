@@ -37,7 +37,11 @@ GROUPS = ("strategy", "task", "model", "hardware")
 class EngineConfig:
     prefill: str = "shared"       # shared: one exact prefill per sample shared by all strategies; chunked: lower peak
     chunk_tokens: int = 512       # chunk size for engine.prefill=chunked
-    batch_size: int = 4           # samples evaluated together (records equal batch 1's; latency/peak are the batch's)
+    # Samples evaluated together (records equal batch 1's; latency/peak are the batch's). 1 by measurement:
+    # batch 4 gave 0.98x batch 1's throughput at 4K on 2 CPU cores, where the prefill is compute-bound
+    # (results/perf/harness.md), and batch 1 keeps each record's latency and peak its own sample's.
+    batch_size: int = 1
+    max_new_samples: int = 0      # stop after this many not-yet-done samples (0: all); not part of the run's identity
     working_copy: bool = True     # quantized stores keep a dequantized copy of their prefix (reported as scratch_bytes)
     warmup: bool = True           # one short forward before timing anything
     reuse_baseline: bool = True   # reuse stored `full` results keyed by everything that determines them
@@ -541,6 +545,8 @@ def validate_cfg(cfg: Any) -> None:
         raise KVBenchError(f"engine.chunk_tokens must be >= 1 (got {cfg.engine.chunk_tokens})")
     if int(cfg.engine.batch_size) < 1:
         raise KVBenchError(f"engine.batch_size must be >= 1 (got {cfg.engine.batch_size})")
+    if int(cfg.engine.max_new_samples) < 0:
+        raise KVBenchError(f"engine.max_new_samples must be >= 0 (got {cfg.engine.max_new_samples})")
     if int(cfg.task.get("n_samples", 1)) < 1:
         raise KVBenchError(f"task.n_samples must be >= 1 (got {cfg.task.n_samples})")
     resolve_strategies(cfg)

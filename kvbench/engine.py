@@ -459,19 +459,24 @@ def batches(samples: list[Sample], batch_size: int) -> list[list[Sample]]:
 
 
 def _claimed_batches(samples: list[Sample], done: Container[str], batch_size: int,
-                     skipped: Callable[[], None]) -> Iterator[list[Sample]]:
+                     skipped: Callable[[], None], limit: int = 0) -> Iterator[list[Sample]]:
     """:func:`batches` of the samples not in ``done``, asking ``sample_id in done`` only when a sample joins a
     batch about to run: with a claiming done-set (:class:`kvbench.results.SampleClaims`) concurrent workers
-    then split the samples instead of one worker claiming them all up front."""
+    then split the samples instead of one worker claiming them all up front. ``limit > 0`` stops after that
+    many new samples, asking (and so claiming) no sample beyond them."""
     batch: list[Sample] = []
+    taken = 0
     for s in samples:
         if batch and (len(batch) == batch_size or len(batch[0].prefix_ids) != len(s.prefix_ids)):
             yield batch
             batch = []
+        if limit and taken == limit:
+            break
         if s.sample_id in done:
             skipped()
             continue
         batch.append(s)
+        taken += 1
     if batch:
         yield batch
 
@@ -479,8 +484,12 @@ def _claimed_batches(samples: list[Sample], done: Container[str], batch_size: in
 def run_samples(engine: Engine, samples: list[Sample], strategies: list[Strategy],
                 done: set[str], write: Callable[[list[dict[str, Any]]], None],
                 baseline_dir: Path | None = None, baseline_key: Callable[[Sample], str] | None = None,
-                progress: ProgressFn | None = None, chunk_tokens: int = 0, batch_size: int = 1) -> None:
+                progress: ProgressFn | None = None, chunk_tokens: int = 0, batch_size: int = 1,
+                max_new: int = 0) -> None:
     """Evaluate every not-yet-done sample, ``batch_size`` at a time; each sample's records are written together.
+
+    ``max_new > 0`` evaluates at most that many not-yet-done samples, the first ones in order (a sweep can
+    bring several runs up in rounds, so an interrupted sweep leaves every run at a similar n).
 
     ``chunk_tokens > 0`` selects chunked prefill: no shared capture, each strategy prefills into its own
     cache chunk by chunk (lower peak memory, but later chunks attend to already-compressed earlier ones),
@@ -488,13 +497,15 @@ def run_samples(engine: Engine, samples: list[Sample], strategies: list[Strategy
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise KVBenchError(f"engine.batch_size must be an integer >= 1 (got {batch_size!r})")
+    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 0:
+        raise KVBenchError(f"engine.max_new_samples must be an integer >= 0 (got {max_new!r})")
     window = query_window_for(strategies)
     baseline, others = strategies[0], strategies[1:]
     def skipped() -> None:
         if progress:
             progress(len(strategies), "")
 
-    for batch in _claimed_batches(samples, done, 1 if chunk_tokens else batch_size, skipped):
+    for batch in _claimed_batches(samples, done, 1 if chunk_tokens else batch_size, skipped, max_new):
         pre = None if chunk_tokens else engine.prefill(batch[0] if len(batch) == 1 else batch, window)
         bases: list[StrategyResult | None] = []
         for sample in batch:

@@ -140,7 +140,8 @@ def run(cfg: DictConfig) -> pd.DataFrame:
             # `claims` is the done-set (asked per sample, just before computing it) and `claims.store` appends
             # through the claims, so concurrent workers split the samples.
             _run_with_progress(engine, samples, strategies, claims, claims.store_view(), baseline_dir,
-                               baseline_key, bool(cfg.engine.progress), chunk_tokens, int(cfg.engine.batch_size))
+                               baseline_key, bool(cfg.engine.progress), chunk_tokens, int(cfg.engine.batch_size),
+                               int(cfg.engine.max_new_samples))
         finally:
             claims.release()
     if claims.contended:
@@ -161,7 +162,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
 
 def _run_with_progress(engine: Engine, samples: list[Sample], strategies: list[Strategy], done: set[str],
                        store: RunStore, baseline_dir: Path | None, baseline_key: Any, show: bool,
-                       chunk_tokens: int, batch_size: int = 1) -> None:
+                       chunk_tokens: int, batch_size: int = 1, max_new: int = 0) -> None:
     """One bar step per (sample, strategy) evaluation, labelled with the strategy running, with an ETA."""
     from rich.markup import escape
     from rich.progress import (
@@ -184,7 +185,7 @@ def _run_with_progress(engine: Engine, samples: list[Sample], strategies: list[S
                 bar.advance(tid, n_done)
 
         run_samples(engine, samples, strategies, done, store.append, baseline_dir, baseline_key,
-                    progress=progress, chunk_tokens=chunk_tokens, batch_size=batch_size)
+                    progress=progress, chunk_tokens=chunk_tokens, batch_size=batch_size, max_new=max_new)
 
 
 def validate_cfg(cfg: DictConfig) -> None:

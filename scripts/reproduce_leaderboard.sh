@@ -21,7 +21,10 @@
 #   N_SAMPLES (default 100), SETTINGS (default "true false": the task.query_aware values to run),
 #   OVERRIDES (extra Hydra overrides for every run, e.g. "task.context_tokens=512" for a quick check),
 #   JOBS (default 1: the (task, setting) runs one after another; N > 1 runs up to N at once, each with
-#   hardware.threads = max(1, cores / N), so an interrupted sweep still has every cell at a similar n).
+#   hardware.threads = max(1, cores / N), so an interrupted sweep still has every cell at a similar n),
+#   ROUND (default 0: each run goes to N_SAMPLES in turn; K > 0 sweeps in rounds, each run adding up to K
+#   samples per round (engine.max_new_samples=K, not part of the run's identity), so a sweep stopped between
+#   rounds leaves every (task, setting) within K samples of the others).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -41,6 +44,7 @@ N_SAMPLES="${N_SAMPLES:-100}"
 SETTINGS="${SETTINGS:-true false}"
 read -r -a OVERRIDES <<< "${OVERRIDES:-}"
 JOBS="${JOBS:-1}"
+ROUND="${ROUND:-0}"
 
 fresh=0
 dry=0
@@ -60,6 +64,10 @@ for qa in $SETTINGS; do
 done
 if ! [[ "$JOBS" =~ ^[1-9][0-9]*$ ]]; then
   echo "reproduce_leaderboard.sh: JOBS must be a positive integer, got '$JOBS'" >&2
+  exit 2
+fi
+if ! [[ "$ROUND" =~ ^[0-9]+$ ]]; then
+  echo "reproduce_leaderboard.sh: ROUND must be a non-negative integer, got '$ROUND'" >&2
   exit 2
 fi
 if ! [[ "$N_SAMPLES" =~ ^[1-9][0-9]*$ ]]; then
@@ -87,21 +95,29 @@ if [[ "$JOBS" -gt 1 ]]; then
   cores="$(nproc)"
   PARALLEL=("hardware.threads=$(( cores / JOBS > 0 ? cores / JOBS : 1 ))")
 fi
-for task in $TASKS; do
-  for qa in $SETTINGS; do
-    if [[ "$JOBS" -gt 1 && "$dry" == 0 ]]; then
-      while [[ "$(jobs -rp | wc -l)" -ge "$JOBS" ]]; do wait -n; done
-      run "$PY" -m kvbench "strategies=[$STRATEGIES]" "task=$task" "task.query_aware=$qa" \
-        "task.n_samples=$N_SAMPLES" "model=$MODEL" "hardware=$HARDWARE" "results_dir=$RESULTS_DIR" \
-        engine.progress=false "${PARALLEL[@]}" ${OVERRIDES[@]+"${OVERRIDES[@]}"} &
-    else
-      run "$PY" -m kvbench "strategies=[$STRATEGIES]" "task=$task" "task.query_aware=$qa" \
-        "task.n_samples=$N_SAMPLES" "model=$MODEL" "hardware=$HARDWARE" "results_dir=$RESULTS_DIR" \
-        engine.progress=false ${PARALLEL[@]+"${PARALLEL[@]}"} ${OVERRIDES[@]+"${OVERRIDES[@]}"}
-    fi
+ROUNDS=1
+if [[ "$ROUND" -gt 0 ]]; then
+  ROUNDS=$(( (N_SAMPLES + ROUND - 1) / ROUND ))
+  PARALLEL+=("engine.max_new_samples=$ROUND")
+fi
+for round in $(seq 1 "$ROUNDS"); do
+  if [[ "$ROUNDS" -gt 1 ]]; then echo "round $round of $ROUNDS"; fi
+  for task in $TASKS; do
+    for qa in $SETTINGS; do
+      if [[ "$JOBS" -gt 1 && "$dry" == 0 ]]; then
+        while [[ "$(jobs -rp | wc -l)" -ge "$JOBS" ]]; do wait -n; done
+        run "$PY" -m kvbench "strategies=[$STRATEGIES]" "task=$task" "task.query_aware=$qa" \
+          "task.n_samples=$N_SAMPLES" "model=$MODEL" "hardware=$HARDWARE" "results_dir=$RESULTS_DIR" \
+          engine.progress=false "${PARALLEL[@]}" ${OVERRIDES[@]+"${OVERRIDES[@]}"} &
+      else
+        run "$PY" -m kvbench "strategies=[$STRATEGIES]" "task=$task" "task.query_aware=$qa" \
+          "task.n_samples=$N_SAMPLES" "model=$MODEL" "hardware=$HARDWARE" "results_dir=$RESULTS_DIR" \
+          engine.progress=false ${PARALLEL[@]+"${PARALLEL[@]}"} ${OVERRIDES[@]+"${OVERRIDES[@]}"}
+      fi
+    done
   done
+  wait
 done
-wait
 
 # Leaderboard + claim check + plots, ranked for this model and hardware profile only.
 run "$PY" -m kvbench leaderboard --results-dir "$RESULTS_DIR" --model "$MODEL" --hardware "$HARDWARE" --plots

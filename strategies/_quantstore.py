@@ -239,7 +239,23 @@ class Stream:
         return self.chunks.tensors() + ([] if self.r is None else [self.r])
 
 
-class QuantizedStore(LayerStore):
+class StreamViews:
+    """Read-only views of a store's key and value :class:`Stream` s (tests, stats and subclasses read them by
+    these names); mixed into every store that keeps its K/V as two streams ``ks`` and ``vs``."""
+
+    ks: Stream | None
+    vs: Stream | None
+
+    @property
+    def qk(self) -> TokenChunk | None:
+        return None if self.ks is None else self.ks.q
+
+    @property
+    def qv(self) -> TokenChunk | None:
+        return None if self.vs is None else self.vs.q
+
+
+class QuantizedStore(StreamViews, LayerStore):
     """Quantized K/V chunks plus full-precision residuals, one :class:`Stream` per tensor."""
 
     #: Whether a decode step attends to its own tokens before they are flushed (KIVI) or after.
@@ -267,15 +283,6 @@ class QuantizedStore(LayerStore):
             self.ks = Stream(self.encode_keys, *self.key_policy, working)
             self.vs = Stream(self.encode_values, *self.value_policy, working)
         return self.ks, self.vs
-
-    # Read-only views of the streams' parts (tests, stats and subclasses read them by these names).
-    @property
-    def qk(self) -> TokenChunk | None:
-        return None if self.ks is None else self.ks.q
-
-    @property
-    def qv(self) -> TokenChunk | None:
-        return None if self.vs is None else self.vs.q
 
     @property
     def rk(self) -> torch.Tensor | None:

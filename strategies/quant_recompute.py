@@ -35,7 +35,7 @@ from torch import nn
 
 from kvbench.errors import KVBenchError
 from kvbench.quantizers import TokenChunk
-from strategies._quantstore import Stream, working_copy_enabled
+from strategies._quantstore import Stream, StreamViews, working_copy_enabled
 from strategies._tiers import (
     StoreGroup,
     join_group,
@@ -110,7 +110,7 @@ def _unwrap(model: Any) -> Any:
     return model.model if hasattr(model, "tokenizer") and hasattr(model, "model") else model
 
 
-class QuantRecomputeStore(LayerStore):
+class QuantRecomputeStore(StreamViews, LayerStore):
     """Held: segment ids (shared), ``bits``-bit codes of the middle, the exact residual window.
 
     Keys and values are two :class:`strategies._quantstore.Stream` s: keys per channel (groups of
@@ -132,14 +132,6 @@ class QuantRecomputeStore(LayerStore):
         self.prefix_tokens = 0
         self.steps = 0
         self.errors: dict[str, float] = {}
-
-    @property
-    def qk(self) -> TokenChunk | None:
-        return None if self.ks is None else self.ks.q
-
-    @property
-    def qv(self) -> TokenChunk | None:
-        return None if self.vs is None else self.vs.q
 
     @property
     def residual(self) -> tuple[torch.Tensor, torch.Tensor] | None:

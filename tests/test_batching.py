@@ -97,3 +97,28 @@ def test_progress_advances_per_sample_and_strategy(engine):
     assert calls[0] == (2, "")  # the resumed sample's two evaluations
     assert sum(n for n, _ in calls) == 4 * 2
     assert [s for n, s in calls if n == 0] == ["full", "int8", "full", "int8"]  # announced before each runs
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_max_new_evaluates_the_first_not_yet_done_samples_and_no_more(engine, batch_size):
+    built = [strategies.build("full")]
+    asked: list[str] = []
+
+    class Done(set):  # records which samples were asked about: asking is claiming in a real run
+        def __contains__(self, sid):
+            asked.append(sid)
+            return super().__contains__(sid)
+
+    out: list[dict] = []
+    run_samples(engine, _samples(), built, Done({"s1"}), out.extend, batch_size=batch_size, max_new=2)
+    assert [r["sample_id"] for r in out] == ["s0", "s2"]
+    assert asked == ["s0", "s1", "s2"]  # s3 was never claimed
+    rest: list[dict] = []
+    run_samples(engine, _samples(), built, {"s0", "s1", "s2"}, rest.extend, batch_size=batch_size, max_new=2)
+    assert [r["sample_id"] for r in rest] == ["s3"]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True])
+def test_max_new_must_be_a_non_negative_integer(engine, bad):
+    with pytest.raises(KVBenchError, match="engine.max_new_samples must be an integer >= 0"):
+        run_samples(engine, _samples(), [strategies.build("full")], set(), lambda r: None, max_new=bad)

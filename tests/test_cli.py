@@ -29,6 +29,7 @@ def _run(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
     (["model=tiny-llama", "task.n_samples=0"], "n_samples must be >= 1"),
     (["model=tiny-llama", "task.context_tokens=100000"], "exceeds the model's maximum context of 2048"),
     (["model=tiny-llama", "engine.prefill=sideways"], "valid: shared, chunked"),
+    (["model=tiny-llama", "engine.max_new_samples=-1"], "engine.max_new_samples must be >= 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, expected, tmp_path):
     proc = _run(*args, tmp_path=tmp_path)
