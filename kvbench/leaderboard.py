@@ -70,7 +70,8 @@ TASK_METRICS: tuple[tuple[str, str, str], ...] = (
     ("n", "n", "int"),
 )
 #: Summary columns copied into the CSV per task (the markdown shows a subset).
-CSV_TASK_COLUMNS = ("n", "accuracy", "delta_pp", "delta_ci_low", "delta_ci_high", "relative_loss",
+CSV_TASK_COLUMNS = ("n", "accuracy", "accuracy_ci_low", "accuracy_ci_high", "delta_pp", "delta_ci_low",
+                    "delta_ci_high", "relative_loss",
                     "memory_reduction", "bytes_per_token", "kept_fraction", "prefill_s", "ttft_s",
                     "decode_ms_per_token")
 OVERALL_COLUMNS = ("n", "delta_pp", "delta_ci_low", "delta_ci_high", "relative_loss", "memory_reduction")
@@ -257,6 +258,8 @@ def fmt(value: Any, kind: str) -> str:
         return f"{value:.2f}"
     if kind == "int":
         return f"{int(value)}"
+    if kind == "acc":
+        return f"{value:.3f}"
     return str(value)
 
 
@@ -331,6 +334,23 @@ def _setting_heading(setting: str) -> str:
     return SETTING_TEXT.get(setting, setting)
 
 
+def baseline_line(lb: Leaderboard, setting: str) -> str:
+    """The baseline's own accuracy per task in one setting, with its 95% interval (Wilson for binary scores,
+    BCa bootstrap for continuous ones, spec §2): what every Δ in the table is measured against."""
+    rows = lb.summary[(lb.summary["setting"] == setting) & (lb.summary["strategy"] == BASELINE)]
+    parts = []
+    for task in lb.tasks:
+        hit = rows[rows["task"] == task]
+        if hit.empty or "accuracy_ci_low" not in hit.columns:
+            continue
+        r = hit.iloc[0]
+        parts.append(f"{task} {fmt(r['accuracy'], 'acc')} [{fmt(r['accuracy_ci_low'], 'acc')}, "
+                     f"{fmt(r['accuracy_ci_high'], 'acc')}] (n = {int(r['n'])})")
+    if not parts:
+        return ""
+    return f"Baseline (`{BASELINE}`) accuracy with its 95% interval: " + "; ".join(parts) + "."
+
+
 def render_markdown(lb: Leaderboard) -> str:
     """The leaderboard as a GitHub-flavoured markdown page: one labelled table per query setting."""
     lines = ["# kvbench leaderboard", "", *_header_lines(lb), ""]
@@ -339,6 +359,8 @@ def render_markdown(lb: Leaderboard) -> str:
         cols = display_columns(lb, part)
         title, _, explain = _setting_heading(setting).partition(": ")
         lines += [f"## {title[:1].upper()}{title[1:]}", "", f"{explain[:1].upper()}{explain[1:]}.", ""]
+        if base := baseline_line(lb, setting):
+            lines += [base, ""]
         lines.append("| " + " | ".join(h for h, _, _ in cols) + " |")
         lines.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(cols))) + "|")
         for i in range(len(part)):
@@ -423,9 +445,11 @@ def _html_table(lb: Leaderboard, setting: str) -> str:
             cells.append(f'<td{cls} data-v="{esc(value)}">{esc(shown[i])}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     title, _, explain = _setting_heading(setting).partition(": ")
+    base = baseline_line(lb, setting)
     return (f'<h2 id="{esc(setting)}">{esc(title[:1].upper() + title[1:])}</h2>\n'
             f"<p>{inline_markdown(explain[:1].upper() + explain[1:])}.</p>\n"
-            f'<table data-setting="{esc(setting)}">\n<thead><tr>{"".join(heads)}</tr></thead>\n<tbody>\n'
+            + (f"<p>{inline_markdown(base)}</p>\n" if base else "")
+            + f'<table data-setting="{esc(setting)}">\n<thead><tr>{"".join(heads)}</tr></thead>\n<tbody>\n'
             + "\n".join(body) + "\n</tbody></table>\n")
 
 

@@ -21,7 +21,9 @@
 #   N_SAMPLES (default 100), SETTINGS (default "true false": the task.query_aware values to run),
 #   OVERRIDES (extra Hydra overrides for every run, e.g. "task.context_tokens=512" for a quick check),
 #   JOBS (default 1: the (task, setting) runs one after another; N > 1 runs up to N at once, each with
-#   hardware.threads = max(1, cores / N), so an interrupted sweep still has every cell at a similar n),
+#   hardware.threads = max(1, cores / N), so an interrupted sweep still has every cell at a similar n; the
+#   thread count is part of the hardware profile and so of the run identity — it can change floating-point
+#   reduction order — so resuming with another JOBS starts new runs instead of extending the old ones),
 #   ROUND (default 0: each run goes to N_SAMPLES in turn; K > 0 sweeps in rounds, each run adding up to K
 #   samples per round (engine.max_new_samples=K, not part of the run's identity), so a sweep stopped between
 #   rounds leaves every (task, setting) within K samples of the others).

@@ -521,3 +521,20 @@ def test_paired_records_read_the_needle_depth_from_sample_meta():
     assert sample_depth({"depths": [0.2, 0.4]}) == pytest.approx(0.3)
     assert sample_depth({"pos": 0.7}, key="pos") == 0.7
     assert pd.isna(sample_depth("not json")) and pd.isna(sample_depth({"depth": True}))
+
+
+def test_each_setting_states_the_baselines_accuracy_with_its_interval(records):
+    from kvbench.spec import accuracy_interval
+
+    lb = leaderboard.build(records)
+    md, page = leaderboard.render_markdown(lb), leaderboard.render_html(lb)
+    for task in lb.tasks:
+        base = lb.records[(lb.records["strategy"] == "full") & (lb.records["task"] == task)]
+        acc, lo, hi = accuracy_interval(base["score"].to_numpy())
+        shown = f"{task} {acc:.3f} [{lo:.3f}, {hi:.3f}] (n = {len(base)})"
+        assert shown in md and shown in page
+        assert hi > lo  # a valid interval never has zero width, even when every sample agrees
+        row = lb.table[lb.table["strategy"] == "full"].iloc[0]
+        assert row[f"{task}.accuracy_ci_low"] == pytest.approx(lo)
+        assert row[f"{task}.accuracy_ci_high"] == pytest.approx(hi)
+    assert md.count("Baseline (`full`) accuracy with its 95% interval") == len(lb.settings)
