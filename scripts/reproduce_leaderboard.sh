@@ -92,29 +92,31 @@ if [[ "$fresh" == 1 ]]; then
   run rm -rf "$RESULTS_DIR/runs" "$RESULTS_DIR/store" "$RESULTS_DIR/baselines"
 fi
 
-PARALLEL=()
+# Extra overrides of every run: the thread split of parallel jobs, the per-round sample limit.
+RUN_ARGS=()
 if [[ "$JOBS" -gt 1 ]]; then
   cores="$(nproc)"
-  PARALLEL=("hardware.threads=$(( cores / JOBS > 0 ? cores / JOBS : 1 ))")
+  RUN_ARGS+=("hardware.threads=$(( cores / JOBS > 0 ? cores / JOBS : 1 ))")
 fi
 ROUNDS=1
 if [[ "$ROUND" -gt 0 ]]; then
   ROUNDS=$(( (N_SAMPLES + ROUND - 1) / ROUND ))
-  PARALLEL+=("engine.max_new_samples=$ROUND")
+  RUN_ARGS+=("engine.max_new_samples=$ROUND")
 fi
+cell() {  # one (task, setting) run
+  run "$PY" -m kvbench "strategies=[$STRATEGIES]" "task=$1" "task.query_aware=$2" \
+    "task.n_samples=$N_SAMPLES" "model=$MODEL" "hardware=$HARDWARE" "results_dir=$RESULTS_DIR" \
+    engine.progress=false ${RUN_ARGS[@]+"${RUN_ARGS[@]}"} ${OVERRIDES[@]+"${OVERRIDES[@]}"}
+}
 for round in $(seq 1 "$ROUNDS"); do
   if [[ "$ROUNDS" -gt 1 ]]; then echo "round $round of $ROUNDS"; fi
   for task in $TASKS; do
     for qa in $SETTINGS; do
       if [[ "$JOBS" -gt 1 && "$dry" == 0 ]]; then
         while [[ "$(jobs -rp | wc -l)" -ge "$JOBS" ]]; do wait -n; done
-        run "$PY" -m kvbench "strategies=[$STRATEGIES]" "task=$task" "task.query_aware=$qa" \
-          "task.n_samples=$N_SAMPLES" "model=$MODEL" "hardware=$HARDWARE" "results_dir=$RESULTS_DIR" \
-          engine.progress=false "${PARALLEL[@]}" ${OVERRIDES[@]+"${OVERRIDES[@]}"} &
+        cell "$task" "$qa" &
       else
-        run "$PY" -m kvbench "strategies=[$STRATEGIES]" "task=$task" "task.query_aware=$qa" \
-          "task.n_samples=$N_SAMPLES" "model=$MODEL" "hardware=$HARDWARE" "results_dir=$RESULTS_DIR" \
-          engine.progress=false ${PARALLEL[@]+"${PARALLEL[@]}"} ${OVERRIDES[@]+"${OVERRIDES[@]}"}
+        cell "$task" "$qa"
       fi
     done
   done
