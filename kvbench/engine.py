@@ -184,11 +184,46 @@ class Engine:
             prefix = torch.tensor([samples[0].prefix_ids], device=self.device)
             built, prefill_s, prefill_peak = self.chunked_prefill(strategy, prefix, chunk_tokens)
             # Compression happened inside the chunked prefill; pass (a) gets a copy, pass (b) the original.
-            copies = [copy.deepcopy(built), built]
+            copies = [clone_cache(built, self.model), built]
 
             def make_caches() -> list[KVBenchCache]:
                 return [copies.pop(0)]
 
+        mode = "shared" if pre is not None else f"chunked:{chunk_tokens}"
+        return self._score(strategy, samples, make_caches, compress_s, prefill_s, prefill_peak, mode,
+                           baseline_logps)
+
+    def evaluate_context(self, strategy: Strategy, questions: list[Sample], pre: Prefill,
+                         baseline_logps: list[torch.Tensor | None]) -> list[StrategyResult]:
+        """Score one strategy on questions that share one context (equal ``prefix_ids``, row 0 of ``pre``).
+
+        The strategy compresses the context once; each question is then answered (teacher forcing and greedy
+        decoding alike) from its own copy of that compressed cache, so no question sees another's tokens and
+        the records equal those of one single-question run per question (a test checks it)."""
+        prefix = questions[0].prefix_ids
+        if any(q.prefix_ids != prefix for q in questions):
+            raise KVBenchError("questions of one context must share their prefix_ids")
+        self.bind(strategy, prefix)
+        built, seconds = self._cache(strategy, pre.rows[0])
+        if can_clone(strategy, built, self.model):
+            def copies() -> list[KVBenchCache]:
+                return [clone_cache(built, self.model)]
+        else:
+            # Stores that hold more than tensors (files, cross-layer links, backend tensor subclasses): each
+            # pass gets the cache rebuilt from the capture instead, equal by construction.
+            def copies() -> list[KVBenchCache]:
+                return [self._cache(strategy, pre.rows[0])[0]]
+
+        results = []
+        for question, base in zip(questions, baseline_logps, strict=True):
+            results += self._score(strategy, [question], copies, [seconds], pre.seconds, pre.peak_bytes, "shared",
+                                   [base])
+        return results
+
+    def _score(self, strategy: Strategy, samples: list[Sample], make_caches: Callable[[], list[KVBenchCache]],
+               compress_s: list[float], prefill_s: float, prefill_peak: int, prefill_mode: str,
+               baseline_logps: list[torch.Tensor | None]) -> list[StrategyResult]:
+        """Measure, teacher-force and decode ``samples`` on caches from ``make_caches`` (called once per pass)."""
         queries = [list(s.query_ids) for s in samples]
         golds = [list(s.gold_ids) for s in samples]
         with torch.inference_mode():
@@ -212,8 +247,9 @@ class Engine:
                 sub = [caches[i] for i in decode]
                 cache = _batched(sub)
                 with attached(cache, self.model, strategy), PeakMemory(self.device) as peak:
+                    stops = [self._line_end if samples[i].stop_at_newline else None for i in decode]
                     out = self.greedy(cache, [queries[i] for i in decode],
-                                      [samples[i].max_new_tokens for i in decode])
+                                      [samples[i].max_new_tokens for i in decode], stop=stops)
                 for i, g, c in zip(decode, out, sub, strict=True):
                     g.peak_bytes = peak.peak_bytes
                     gens[i] = g
@@ -235,6 +271,8 @@ class Engine:
                 run=self.run_fields,
                 spec_version=SPEC_VERSION,
                 sample_id=sample.sample_id,
+                context_id=context_of(sample),
+                document_id=document_of(sample),
                 strategy=strategy.label(),
                 strategy_name=strategy.name,
                 family=strategy.family,
@@ -253,7 +291,7 @@ class Engine:
                 bytes_per_token=kv_bytes[i] / sample.context_tokens,
                 held_tokens_mean=held_mean,
                 kept_fraction=held_mean / sample.context_tokens,
-                prefill_mode="shared" if pre is not None else f"chunked:{chunk_tokens}",
+                prefill_mode=prefill_mode,
                 batch_size=len(samples),
                 prefill_s=prefill_s,
                 compress_s=compress_s[i],
@@ -321,9 +359,10 @@ class Engine:
 
     def greedy(self, cache: KVBenchCache | RowsCache, queries: list[list[int]] | torch.Tensor,
                max_new_tokens: list[int] | int,
-               stop: Callable[[list[int]], bool] | None = None) -> list[_Generation] | _Generation:
+               stop: StopFn | list[StopFn | None] | None = None) -> list[_Generation] | _Generation:
         """Greedy decoding of every row until its EOS (kept, as transformers' ``generate`` keeps it), its
-        ``max_new_tokens``, or ``stop(tokens so far)``; finished rows leave the batch. The caller holds
+        ``max_new_tokens``, or ``stop(tokens so far)`` (one function for every row, or one per row, None for
+        none); finished rows leave the batch. The caller holds
         ``torch.inference_mode()`` and :class:`attached`.
 
         A single query tensor and an int limit (the batch-1 API) return one :class:`_Generation`."""
@@ -332,6 +371,7 @@ class Engine:
             queries, max_new_tokens = [queries.tolist()], [int(max_new_tokens)]  # type: ignore[arg-type]
         eos = eos_ids(self.lm)
         gens = [_Generation() for _ in queries]
+        stops = list(stop) if isinstance(stop, list) else [stop] * len(gens)
         with Timer(self.device) as t:
             logits = self.forward(cache, queries, 1)  # type: ignore[arg-type]
         toks = [int(x) for x in logits[:, -1].argmax(-1)]
@@ -341,7 +381,7 @@ class Engine:
         rows = list(range(len(gens)))
         while True:
             rows = [i for i in rows if len(gens[i].tokens) < max_new_tokens[i] and gens[i].tokens[-1] not in eos
-                    and not (stop and stop(gens[i].tokens))]
+                    and not (stops[i] and stops[i](gens[i].tokens))]
             if not rows:
                 break
             _activate(cache, rows)
@@ -352,6 +392,55 @@ class Engine:
                 gens[i].step_s.append(t.seconds)
                 gens[i].tokens.append(tok)
         return gens[0] if single else gens
+
+
+    def _line_end(self, tokens: list[int]) -> bool:
+        """The reply has ended its first line: a newline after some non-space text. Needle answers are one
+        line, so what a model writes after it cannot be the answer (checked on every committed v1.1 record:
+        no prediction's score changes when cut at that point); decoding stops there instead of running on
+        to ``max_new_tokens``."""
+        return "\n" in self.lm.tokenizer.decode(tokens, skip_special_tokens=True).lstrip()
+
+
+StopFn = Callable[[list[int]], bool]
+
+
+def context_of(sample: Sample) -> str:
+    """The sample's context id: questions that share a prefill share it; otherwise the sample's own id."""
+    return str(sample.metadata.get("context_id") or sample.sample_id)
+
+
+def document_of(sample: Sample) -> str:
+    """The document a sample's context comes from: the task's ``document_id``, else its first source
+    document, else (no document, e.g. a JSON Lines row) the context itself."""
+    meta = sample.metadata
+    if meta.get("document_id"):
+        return str(meta["document_id"])
+    sources = meta.get("source_docs") or []
+    return str(sources[0]) if sources else context_of(sample)
+
+
+def can_clone(strategy: Strategy, cache: KVBenchCache, model: torch.nn.Module | None = None) -> bool:
+    """Whether :func:`clone_cache` gives an independent copy of ``cache``: the strategy (or, for ``compose``,
+    each part) does not declare ``cache_copyable = False``, and a trial copy succeeds."""
+    parts = [strategy] + [getattr(strategy, a) for a in ("evictor", "quantizer") if hasattr(strategy, a)]
+    if not all(getattr(p, "cache_copyable", True) for p in parts):
+        return False
+    try:
+        clone_cache(cache, model)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
+def clone_cache(cache: KVBenchCache, model: torch.nn.Module | None = None) -> KVBenchCache:
+    """An independent copy of a built cache, sharing what is not cache state: the model (which a store may
+    hold to recompute K/V), its config and the strategies (:meth:`Strategy.__deepcopy__` returns the strategy
+    itself). Every tensor the stores hold is copied, so decoding into the copy never changes the original."""
+    memo: dict[int, Any] = {id(cache.config): cache.config}
+    if model is not None:
+        memo[id(model)] = model
+    return copy.deepcopy(cache, memo)
 
 
 @dataclass
@@ -505,6 +594,10 @@ def run_samples(engine: Engine, samples: list[Sample], strategies: list[Strategy
         if progress:
             progress(len(strategies), "")
 
+    if not chunk_tokens and batch_size == 1 and any(len(g) > 1 for g in _contexts(samples)):
+        for group in _claimed_contexts(samples, done, skipped, max_new):
+            _run_context(engine, group, strategies, write, baseline_dir, baseline_key, progress, window)
+        return
     for batch in _claimed_batches(samples, done, 1 if chunk_tokens else batch_size, skipped, max_new):
         pre = None if chunk_tokens else engine.prefill(batch[0] if len(batch) == 1 else batch, window)
         bases: list[StrategyResult | None] = []
@@ -538,3 +631,70 @@ def run_samples(engine: Engine, samples: list[Sample], strategies: list[Strategy
             write([r.record for r in rs])
         del pre
 
+
+
+def _contexts(samples: list[Sample]) -> list[list[Sample]]:
+    """Consecutive runs of samples that share a context (same ``context_id`` and ``prefix_ids``)."""
+    out: list[list[Sample]] = []
+    for s in samples:
+        if out and context_of(out[-1][0]) == context_of(s) and out[-1][0].prefix_ids == s.prefix_ids:
+            out[-1].append(s)
+        else:
+            out.append([s])
+    return out
+
+
+def _claimed_contexts(samples: list[Sample], done: Container[str], skipped: Callable[[], None],
+                      limit: int = 0) -> Iterator[list[Sample]]:
+    """Each context's questions not in ``done`` (asked, and so claimed, one context at a time); ``limit > 0``
+    stops once that many new questions have been taken, finishing the context it is in."""
+    taken = 0
+    for group in _contexts(samples):
+        if limit and taken >= limit:
+            break
+        todo = []
+        for s in group:
+            if s.sample_id in done:
+                skipped()
+            else:
+                todo.append(s)
+        if todo:
+            taken += len(todo)
+            yield todo
+
+
+def _run_context(engine: Engine, questions: list[Sample], strategies: list[Strategy],
+                 write: Callable[[list[dict[str, Any]]], None], baseline_dir: Path | None,
+                 baseline_key: Callable[[Sample], str] | None, progress: ProgressFn | None,
+                 window: int | None) -> None:
+    """One prefill of the shared context; each strategy compresses it once and answers every question."""
+    pre = engine.prefill(questions[0], window)
+    baseline, others = strategies[0], strategies[1:]
+    bases: list[StrategyResult | None] = []
+    for q in questions:
+        base = _load_baseline(baseline_dir, baseline_key, q) if baseline_dir and baseline_key else None
+        if base is not None:
+            base.record.update(engine.run_fields)
+        bases.append(base)
+    missing = [i for i, b in enumerate(bases) if b is None]
+    if progress:
+        progress(0, baseline.name)
+    if missing:
+        fresh = engine.evaluate_context(baseline, [questions[i] for i in missing], pre, [None] * len(missing))
+        for i, base in zip(missing, fresh, strict=True):
+            bases[i] = base
+            if baseline_dir and baseline_key:
+                _save_baseline(baseline_dir, baseline_key(questions[i]), base)
+    if progress:
+        progress(len(questions), baseline.name)
+    done = [b for b in bases if b is not None]
+    results: list[list[StrategyResult]] = [[b] for b in done]
+    for s in others:
+        if progress:
+            progress(0, s.name)
+        for i, r in enumerate(engine.evaluate_context(s, questions, pre, [b.logp for b in done])):
+            results[i].append(r)
+        if progress:
+            progress(len(questions), s.name)
+    for rs in results:
+        write([r.record for r in rs])

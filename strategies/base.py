@@ -103,6 +103,9 @@ class Strategy(ABC):
 
     name: ClassVar[str]
     family: ClassVar[str]
+    #: Whether a built cache is plain tensors that a deep copy duplicates independently (questions sharing one
+    #: compressed context are answered from copies); False makes the engine rebuild the cache per pass.
+    cache_copyable: ClassVar[bool] = True
 
     @property
     def query_window(self) -> int | None:
@@ -118,6 +121,11 @@ class Strategy(ABC):
 
     def validate(self) -> None:
         """Raise :class:`KVBenchError` for bad parameter values."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Strategy:
+        # A strategy is configuration plus the bound run (and through it the model), not cache state: copies
+        # of a cache (``kvbench.engine.clone_cache``) share it instead of copying the model with it.
+        return self
 
     def bind(self, context: RunContext) -> None:
         """Called by the engine before each sample's caches are built; stores read ``strategy.context``."""

@@ -122,6 +122,8 @@ class HFQuantized(Strategy):
 
     name = "hf_quantized"
     family = "reference"
+    # quanto/HQQ tensor subclasses refuse deepcopy; caches are rebuilt from the capture (kvbench.engine.can_clone).
+    cache_copyable = False
     backend: str = "quanto"
     nbits: int = 4
     group_size: int = 64

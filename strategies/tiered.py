@@ -370,6 +370,8 @@ class Tiered(Strategy):
 
     name = "tiered"
     family = "tiered"
+    # Its stores hold files and cross-layer prefetch links: a deep copy would share them (kvbench.engine.can_clone).
+    cache_copyable = False
     sink_tokens: int = 4
     recent_tokens: int = 64
     hot_heavy_tokens: int = 0

@@ -54,7 +54,7 @@ def test_teacher_forcing_follows_the_decoding_cache(engine, name, params, monkey
     assert changes_cache_while_decoding(strategy)
     monkeypatch.setattr(engine_module, "eos_ids", lambda lm: set())  # the random model may emit EOS at once
     decoded, greedy_fn = [], engine.greedy
-    monkeypatch.setattr(engine, "greedy", lambda *a: decoded.append(out := greedy_fn(*a)) or out)
+    monkeypatch.setattr(engine, "greedy", lambda *a, **k: decoded.append(out := greedy_fn(*a, **k)) or out)
     _run(engine, strategy, _sample([1] * 12))
     tokens = decoded[0][0].tokens
     assert len(tokens) == 12

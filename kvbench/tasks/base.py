@@ -32,6 +32,8 @@ class Sample:
     metric: str
     metadata: dict[str, Any] = field(default_factory=dict)
     max_new_tokens: int = 16
+    #: Stop decoding once the reply has ended its first line (one-line answers: what follows cannot score).
+    stop_at_newline: bool = False
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:

@@ -247,3 +247,64 @@ def sample_needles(family_name: str, rng: random.Random, n_distractors: int,
             clauses.append(c)
     rendered = [fam.render(k, kind, v, c) for k, kind, v, c in zip(keys, kinds, values, clauses, strict=True)]
     return rendered[0], rendered[1:]
+
+
+def sample_needle_set(family_names: list[str], rng: random.Random, n_distractors: int,
+                      distractor_kind: str = "same") -> list[tuple[Needle, list[Needle]]]:
+    """Draw one (needle, distractors) group per entry of ``family_names`` for a single context.
+
+    The groups share the context, so they are drawn together: within a family every statement has its own
+    key (a question names its key and kind, so it identifies exactly one statement of the context), and
+    across the whole context no value's normalised form occurs inside another's (a substring hit can only
+    come from the asked needle's value). Within a group the kinds follow ``distractor_kind`` as in
+    :func:`sample_needles`; different groups of one family may share kinds, since their keys differ.
+    """
+    if distractor_kind not in DISTRACTOR_KINDS:
+        raise KVBenchError(f"unknown task.distractor_kind {distractor_kind!r}; valid: {', '.join(DISTRACTOR_KINDS)}")
+    if n_distractors < 0:
+        raise KVBenchError(f"task.distractors must be >= 0 (got {n_distractors})")
+    n = n_distractors + 1
+    per_family: dict[str, int] = {}
+    for name in family_names:
+        if name not in FAMILIES:
+            raise KVBenchError(f"unknown needle family {name!r}; valid: {', '.join(sorted(FAMILIES))}")
+        per_family[name] = per_family.get(name, 0) + 1
+    keys: dict[str, list[str]] = {}
+    for name, groups in per_family.items():
+        fam = FAMILIES[name]
+        if distractor_kind == "other" and n > len(fam.kinds):
+            raise KVBenchError(f"task.distractors={n_distractors} is too many for needle family {name!r} with "
+                               f"distractor_kind=other (at most {len(fam.kinds) - 1})")
+        if groups * n > len(fam.keys):
+            raise KVBenchError(f"{groups} questions with {n_distractors} distractors each need {groups * n} keys of "
+                               f"needle family {name!r}, which has {len(fam.keys)}; lower task.questions_per_context "
+                               "or task.distractors, or list more families in task.needles")
+        keys[name] = rng.sample(fam.keys, groups * n)
+    values: list[str] = []
+    clauses: list[str] = []
+    out: list[tuple[Needle, list[Needle]]] = []
+    for name in family_names:
+        fam = FAMILIES[name]
+        group_keys, keys[name] = keys[name][:n], keys[name][n:]
+        kinds = rng.sample(fam.kinds, n) if distractor_kind == "other" else [rng.choice(fam.kinds)] * n
+        group_values: list[str] = []
+        for _ in range(1000 * n):
+            if len(group_values) == n:
+                break
+            v = fam.value(rng)
+            if all(not _contains(v, w) and not _contains(w, v) for w in values + group_values):
+                group_values.append(v)
+        if len(group_values) < n:
+            raise KVBenchError(f"needle family {name!r} has too few distinct values for {len(family_names)} "
+                               "questions per context; lower task.questions_per_context or task.distractors")
+        values.extend(group_values)
+        group_clauses: list[str] = []
+        while len(group_clauses) < n:
+            c = _clause(rng)
+            if c not in clauses and c not in group_clauses:
+                group_clauses.append(c)
+        clauses.extend(group_clauses)
+        rendered = [fam.render(k, kind, v, c)
+                    for k, kind, v, c in zip(group_keys, kinds, group_values, group_clauses, strict=True)]
+        out.append((rendered[0], rendered[1:]))
+    return out

@@ -22,7 +22,7 @@ from kvbench.errors import KVBenchError
 from kvbench.tasks.base import Sample
 from kvbench.tasks.corpora import Document
 from kvbench.tasks.haystack import Insert, break_ranks, draw_filler, spread_targets, weave
-from kvbench.tasks.needles import FAMILIES, sample_needles
+from kvbench.tasks.needles import FAMILIES, sample_needle_set, sample_needles
 from kvbench.tasks.prompt import DEFAULT_INSTRUCTION, build_pieces, encode, leading_special_ids
 
 VARIANTS = ("retrieval", "continuation")
@@ -40,6 +40,8 @@ DEFAULTS: dict[str, Any] = {
     "distractor_kind": "other",
     "distractor_placement": "anywhere",
     "query_aware": True,
+    "questions_per_context": 1,
+    "stop_at_newline": True,
     "answer_prefix": True,
     "seed": 0,
     "max_new_tokens": 12,
@@ -87,6 +89,8 @@ def build_task(task: str, cfg: Any, tokenizer: Any, max_context: int, docs: Sequ
                defaults: dict[str, Any], random_start: bool) -> list[Sample]:
     """Dispatch on ``cfg.variant``."""
     variant = str(option(cfg, "variant", defaults))
+    if variant == "retrieval" and int(option(cfg, "questions_per_context", defaults)) != 1:
+        return multi_question_samples(task, cfg, tokenizer, max_context, docs, defaults, random_start)
     if variant == "retrieval":
         return retrieval_samples(task, cfg, tokenizer, max_context, docs, defaults, random_start)
     if variant == "continuation":
@@ -159,7 +163,7 @@ def retrieval_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, doc
         samples.append(Sample(
             sample_id=sample_id, prefix_ids=prefix, query_ids=query,
             gold_ids=pieces.gold_ids(tokenizer, needle.gold), answers=list(needle.answers), metric="substring",
-            max_new_tokens=max_new,
+            max_new_tokens=max_new, stop_at_newline=bool(option(cfg, "stop_at_newline", defaults)),
             metadata={
                 "task": task, "variant": "retrieval", "template": pieces.template, "seed": seed, "index": i,
                 "context_tokens": len(prefix), "query_aware": query_aware, "answer_prefix": use_prefix,
@@ -207,4 +211,106 @@ def continuation_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, 
                 "source_docs": [s["doc_id"] for s in filler.sources],
                 "source_offsets": [s["char_start"] for s in filler.sources],
             }))
+    return samples
+
+
+def multi_question_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, docs: Sequence[Document],
+                           defaults: dict[str, Any], random_start: bool) -> list[Sample]:
+    """``questions_per_context`` (K) needles in one context, each asked separately after compression.
+
+    Query-agnostic only: the question is not part of the compressed prefix, so one prefill and one
+    compression per (context, strategy) serve K paired questions (the engine answers each from its own copy
+    of the compressed cache). Needle ``j`` of K lies at a depth drawn uniformly from the middle 70% of the
+    ``j``-th of K equal depth strata, so the K needles cover the document from start to end; each needle
+    keeps its own ``distractors``, and every statement of the context is distinct in (family, key) and
+    value. ``task.n_samples`` counts contexts: the task yields ``n_samples * K`` questions, with ids
+    ``<context id>/q<j>`` and a shared ``context_id`` (intervals cluster on it, spec §2).
+    """
+    context_tokens, n, seed = _common(cfg, defaults)
+    k_questions = int(option(cfg, "questions_per_context", defaults))
+    if k_questions < 1:
+        raise KVBenchError(f"task.questions_per_context must be >= 1 (got {k_questions})")
+    if bool(option(cfg, "query_aware", defaults)):
+        raise KVBenchError(f"task.questions_per_context={k_questions} needs task.query_aware=false: a query-aware "
+                           "prefix holds its one question, so each question needs its own prefill")
+    families = [str(f) for f in _as_list(option(cfg, "needles", defaults))]
+    for fam in families:
+        if fam not in FAMILIES:
+            raise KVBenchError(f"unknown needle family {fam!r} in task.needles; valid: {', '.join(sorted(FAMILIES))}")
+    n_distractors = int(option(cfg, "distractors", defaults))
+    use_prefix = bool(option(cfg, "answer_prefix", defaults))
+    max_new = int(option(cfg, "max_new_tokens", defaults))
+    snap = int(option(cfg, "snap_tokens", defaults))
+    distractor_kind = str(option(cfg, "distractor_kind", defaults))
+    instruction = str(option(cfg, "instruction", {"instruction": DEFAULT_INSTRUCTION, **defaults}))
+    forms = {d.doc_id: d.form for d in docs}
+    gap = 2 * snap + 8
+
+    samples = []
+    for c in range(n):
+        rng = random.Random(f"{task}:multi:{seed}:{k_questions}:{c}")
+        picked = [families[(c * k_questions + j) % len(families)] for j in range(k_questions)]
+        groups = sample_needle_set(picked, rng, n_distractors, distractor_kind)
+        pieces = [build_pieces(tokenizer, nd.question, nd.answer_prefix if use_prefix else "", instruction)
+                  for nd, _ in groups]
+        head = pieces[0].head
+        if any(p.head != head for p in pieces):  # the shared prefix must not depend on the question
+            raise KVBenchError("the prompt head depends on the question; questions cannot share a context")
+        budget = pieces[0].document_budget(context_tokens, query_aware=False)
+        filler = draw_filler(tokenizer, docs, random.Random(f"{task}:filler:{seed}:{c}"), budget, random_start)
+        form = forms[filler.sources[0]["doc_id"]]
+        needle_ids = [encode(tokenizer, _insert_text(nd.text, form)) for nd, _ in groups]
+        dist_ids = [[encode(tokenizer, _insert_text(d.text, form)) for d in ds] for _, ds in groups]
+        inserted = sum(len(x) for x in needle_ids) + sum(len(d) for ds in dist_ids for d in ds)
+        if budget - inserted < MIN_CONTEXT // 2:
+            raise KVBenchError(
+                f"task.context_tokens={context_tokens} leaves {budget} document tokens, too few for "
+                f"{k_questions} needles with {n_distractors} distractors each ({inserted} tokens); it needs at "
+                f"least {context_tokens - budget + inserted + MIN_CONTEXT // 2}")
+        depths = [(j + rng.uniform(0.15, 0.85)) / k_questions for j in range(k_questions)]
+        targets = [round(d * (budget - len(ids))) for d, ids in zip(depths, needle_ids, strict=True)]
+        spans = sorted(zip(targets, (len(x) for x in needle_ids), strict=True))
+        if any(a + la + gap > b for (a, la), (b, _) in zip(spans, spans[1:], strict=False)):
+            raise KVBenchError(f"task.context_tokens={context_tokens} is too short to keep {k_questions} needles "
+                               f"{gap} tokens apart; lower task.questions_per_context")
+        flat = [ids for ds in dist_ids for ids in ds]
+        dist_targets = spread_targets(rng, (0, budget), spans, [len(x) for x in flat], gap)
+        if dist_targets is None:
+            raise KVBenchError(f"cannot place {len(flat)} distractors {gap} tokens apart in a {budget}-token "
+                               "document; lower task.distractors or task.questions_per_context")
+        filler = filler.truncate(budget - inserted)
+        inserts = [Insert(ids, t, "needle") for ids, t in zip(needle_ids, targets, strict=True)] + [
+            Insert(ids, t, "distractor") for ids, t in zip(flat, dist_targets, strict=True)]
+        region, starts = weave(filler.ids, break_ranks(tokenizer, filler.ids), inserts, snap)
+        doc_start = len(head)
+        prefix = head + region
+        context_id = f"{task}/retrieval/{c:03d}"
+        owner = [j for j, ds in enumerate(dist_ids) for _ in ds]  # which needle each distractor belongs to
+        for j, (needle, distractors) in enumerate(groups):
+            _, query = pieces[j].assemble(region, query_aware=False)
+            mine = [doc_start + s for s, o in zip(starts[k_questions:], owner, strict=True) if o == j]
+            samples.append(Sample(
+                sample_id=f"{context_id}/q{j}", prefix_ids=prefix, query_ids=query,
+                gold_ids=pieces[j].gold_ids(tokenizer, needle.gold), answers=list(needle.answers),
+                metric="substring", max_new_tokens=max_new,
+                stop_at_newline=bool(option(cfg, "stop_at_newline", defaults)),
+                metadata={
+                    "task": task, "variant": "retrieval", "template": pieces[j].template, "seed": seed, "index": c,
+                    "context_id": context_id, "question_index": j, "questions_per_context": k_questions,
+                    "document_id": filler.sources[0]["doc_id"],
+                    "context_tokens": len(prefix), "query_aware": False, "answer_prefix": use_prefix,
+                    "depth": depths[j], "needle_token_index": doc_start + starts[j],
+                    "needle_depth": starts[j] / max(1, budget - len(needle_ids[j])),
+                    "needle_tokens": len(needle_ids[j]), "document_span": [doc_start, doc_start + budget],
+                    "distractors": len(distractors), "distractor_placement": "anywhere",
+                    "distractor_kind": distractor_kind, "needle_kind": needle.kind,
+                    "distractor_kinds": [d.kind for d in distractors], "distractor_token_indices": mine,
+                    "distractor_values": [d.value for d in distractors],
+                    "other_needle_token_indices": [doc_start + starts[i] for i in range(k_questions) if i != j],
+                    "needle_family": needle.family, "needle_key": needle.key, "needle_text": needle.text,
+                    "question": needle.question,
+                    "answer_prefix_text": needle.answer_prefix if use_prefix else "", "form": form,
+                    "source_docs": [s["doc_id"] for s in filler.sources],
+                    "source_offsets": [s["char_start"] for s in filler.sources],
+                }))
     return samples
