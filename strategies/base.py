@@ -103,6 +103,8 @@ class Strategy(ABC):
 
     name: ClassVar[str]
     family: ClassVar[str]
+    #: Chooses what to keep from attention scores ("attention-guided management" in the claim check).
+    attention_guided: ClassVar[bool] = False
 
     @property
     def query_window(self) -> int | None:
