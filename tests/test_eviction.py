@@ -26,7 +26,8 @@ from strategies._eviction import (
 from strategies.base import LayerCapture, RunContext
 from strategies.pyramidkv import pyramid_budgets
 
-EVICTION = ["streaming_llm", "h2o", "snapkv", "pyramidkv", "tova", "knorm", "random"]
+#: Every registered eviction strategy, plugins on sys.path included: a new one is never left out.
+EVICTION = strategies.family_names("eviction")
 DECODE_EVICTING = [("streaming_llm", {}), ("h2o", {}), ("tova", {}), ("tova", {"per_head": True}),
                    ("knorm", {"decode_evict": True}), ("random", {"decode_evict": True})]
 CONF = Path(__file__).resolve().parents[1] / "conf" / "strategy"
