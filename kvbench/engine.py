@@ -37,7 +37,7 @@ from kvbench.cache import KVBenchCache, RowsCache
 from kvbench.capture import QueryRecorder
 from kvbench.errors import KVBenchError
 from kvbench.models import LoadedModel
-from kvbench.record import Record
+from kvbench.record import Record, StrategyResult
 from kvbench.spec import PeakMemory, Timer, fidelity, median, memory_reduction
 from kvbench.tasks.base import Sample
 from kvbench.tasks.metrics import score as task_score
@@ -73,12 +73,6 @@ class Prefill:
     @property
     def captures(self) -> list[LayerCapture]:
         return self.rows[0].captures
-
-
-@dataclass
-class StrategyResult:
-    record: dict[str, Any]
-    logp: torch.Tensor  # teacher-forced log-probs over gold positions, [positions, vocab]
 
 
 @dataclass
