@@ -109,7 +109,7 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
     resolved = OmegaConf.to_container(cfg, resolve=True)
     store.init(yaml.safe_dump(resolved, sort_keys=False), environment(),
                identity={**determinants, "config_hash": config_hash, "model_path": model_path,
-                         "task_path": task_cfg.get("path") or task_cfg.get("corpus"),
+                         "task_path": identity.task_location(str(cfg.task.name), task_cfg),
                          "hardware_digest": hardware_digest,
                          "strategies": [[s.label(), s.params()] for s in strategies]})
 
