@@ -374,7 +374,6 @@ class EvictionStrategy(Strategy):
         return self.wrap(FullStore(self, layer_idx, num_layers), layer_idx, num_layers)
 
 
-
 class _Scores(EvictionPolicy):
     """The policy of a :class:`ScorerStrategy`: its ``score``, called on the layer's own copy of the strategy."""
 
