@@ -88,7 +88,7 @@ def test_plugin_parameters_are_checked_like_built_ins(plugin, capsys):
 
 #: The test files parametrized over the registry: a new strategy is checked by them without being named there.
 REGISTRY_WIDE = ["tests/test_eviction.py", "tests/test_parity_eviction.py", "tests/test_config.py",
-                 "tests/test_batching.py"]
+                 "tests/test_batching.py", "tests/test_device_placement.py"]
 
 
 def test_one_method_scorer_passes_the_registry_wide_and_parity_tests(tmp_path):
@@ -106,4 +106,5 @@ def test_one_method_scorer_passes_the_registry_wide_and_parity_tests(tmp_path):
     assert {"test_registered_with_yaml_defaults", "test_eviction_shrinks_tensors_and_leaves_inputs_alone",
             "test_shared_prefill_path_then_question_and_decoding", "test_chunked_prefill_compacts_to_budget",
             "test_every_eviction_strategy_has_a_reference", "test_kept_index_sets_equal_the_papers",
-            "test_strategy_config_is_its_dataclass", "test_batch_gives_the_records_of_batch_one"} <= ran, ran
+            "test_strategy_config_is_its_dataclass", "test_batch_gives_the_records_of_batch_one",
+            "test_every_strategy_keeps_its_tensors_on_the_device"} <= ran, ran
