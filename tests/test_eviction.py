@@ -128,6 +128,20 @@ def test_query_window_is_an_instance_property_never_stored(name):
     assert window is None or (isinstance(window, int) and window >= 0)
 
 
+@pytest.mark.parametrize("name", EVICTION)
+def test_reading_queries_is_declared_once(name):
+    """Issue 27: the store's query check derives from ``query_window``; no second declaration can disagree."""
+    strategy = strategies.build(name)
+    assert strategy.policy(0, 1).needs_queries == (strategy.query_window != 0)
+
+
+def test_attention_guided_is_an_attribute_of_the_strategy():
+    """The claim check's "attention-guided eviction": the strategies that score by attention, plugins included."""
+    assert {n for n in strategies.available() if strategies.attention_guided(n)} == {"snapkv", "pyramidkv", "h2o",
+                                                                                     "tova"}
+    assert not strategies.attention_guided("no_longer_installed")
+
+
 def test_query_window_follows_each_instance_parameters():
     small, default = strategies.build("snapkv", {"window_size": 8}), strategies.build("snapkv")
     assert (small.query_window, default.query_window) == (8, 32)
