@@ -5,12 +5,12 @@ per (row, KV head). PyramidKV's per-layer budgets are checked against kvpress's 
 decode loops are replayed token by token on explicit held sets.
 
 A new eviction strategy is picked up automatically: the registry-wide test fails until it has a reference.
-Either its class declares one next to it — a classmethod ``reference(keys, values, queries, params, layer)``
-returning the paper's scores ``[B, Hkv or 1, N]`` (higher = keep), written from the paper's equation (``queries``:
-those of every prefix position; ``params``: the resolved parameters; ``layer``: the layer index) (the
-``ScorerStrategy`` path: the top ``keep(n)`` per row and KV head must be what the store keeps, at the
-strategy's defaults and at ``SCORER_CASES``) — or ``REFERENCES`` here has an entry returning the kept indices
-(strategies that protect tokens or evict in their own way), with parameters in ``CASES``.
+Either its class declares one next to it, the ``ScorerStrategy`` path: a classmethod ``reference(keys, values,
+queries, params, layer)`` returning the paper's scores ``[B, Hkv or 1, N]`` (higher = keep), written from the
+paper's equation, with ``queries`` those of every prefix position and ``params`` the resolved parameters; the
+store must keep the top ``keep(n)`` per row and KV head, at the strategy's defaults and at ``SCORER_CASES``.
+Or ``REFERENCES`` here has an entry returning the kept indices (strategies that protect tokens or evict in
+their own way), with parameters in ``CASES``.
 """
 
 from __future__ import annotations
