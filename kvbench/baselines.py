@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvbench.record import StrategyResult
 from kvbench.results import atomic_write, warn
 
 if TYPE_CHECKING:
-    from kvbench.engine import StrategyResult
     from kvbench.tasks.base import Sample
 
 SUFFIX = ".safetensors"
@@ -36,8 +36,6 @@ def baseline_path(root: Path, key: str) -> Path:
 def load_baseline(root: Path, key_fn: Callable[[Sample], str], sample: Sample) -> StrategyResult | None:
     """The stored baseline for ``sample``, or None (missing, unreadable, or of a refused format)."""
     from safetensors import SafetensorError, safe_open
-
-    from kvbench.engine import StrategyResult
 
     key = key_fn(sample)
     for suffix in REFUSED_SUFFIXES:

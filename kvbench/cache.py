@@ -23,7 +23,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from kvbench.capture import QueryRecorder
 from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes
 
-REFERENCE_BYTES_PER_ELEMENT = 2  # spec v1: memory reduction is against a dense 16-bit cache
+REFERENCE_BYTES_PER_ELEMENT = 2  # measurement spec §1: memory reduction is against a dense 16-bit cache
 
 
 class KVBenchLayer(CacheLayerMixin):
@@ -118,14 +118,14 @@ class KVBenchCache(Cache):
 
     # -- measurement --------------------------------------------------------------------------
     def kv_bytes(self) -> int:
-        """Bytes of every tensor the cache holds, from tensor storage (spec v1 ``kv_bytes``)."""
+        """Bytes of every tensor the cache holds, from tensor storage (measurement spec §1 ``kv_bytes``)."""
         return held_bytes(t for layer in self.layers for t in layer.store.tensors())
 
     def seen_tokens(self) -> int:
         return self.layers[0].seen_tokens if self.layers else 0
 
     def kv_bytes_fp16(self) -> int:
-        """The same tokens as a dense 16-bit cache (spec v1 ``kv_bytes_fp16``)."""
+        """The same tokens as a dense 16-bit cache (measurement spec §1 ``kv_bytes_fp16``)."""
         total = 0
         for layer in self.layers:
             if layer.kv_shape is None:

@@ -6,14 +6,14 @@ positions from the attention module's own ``q_proj`` and the rotary embeddings t
 so no T x T attention matrix is ever materialised. It works for Llama-family attention modules
 (``q_proj``, ``head_dim``, ``num_key_value_groups``, ``scaling``; optional ``q_norm``).
 
-:class:`LayerCapture` lives here, in kvbench's core, so that ``strategies`` imports ``kvbench`` and never the
-reverse (``strategies.base`` re-exports it).
+:class:`LayerCapture` lives here, in kvbench's core (which imports no strategy), so that ``strategies`` can
+import it without importing the harness above it — ``cache``, ``engine``, ``config`` and others import
+``strategies``, and ``tests/test_import_graph.py`` keeps strategies from importing them back
+(``strategies.base`` re-exports it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,9 +90,3 @@ class QueryRecorder:
         for h in self._handles:
             h.remove()
         self._handles = []
-
-
-@contextmanager
-def record_queries(model: nn.Module, window: int | None) -> Iterator[QueryRecorder]:
-    with QueryRecorder(model, window) as rec:
-        yield rec

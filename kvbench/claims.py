@@ -50,6 +50,7 @@ import pandas as pd
 from kvbench.report import BASELINE, QUERY_AGNOSTIC, QUERY_AWARE, settings
 from kvbench.spec import Delta, accuracy_delta, binary_metric
 from kvbench.stats import CI_LEVEL, min_detectable_effect, n_to_detect
+from strategies import attention_guided
 
 #: Pseudo-task of the summary holding figures pooled over every task (built by kvbench.leaderboard).
 OVERALL = "all"
@@ -63,8 +64,6 @@ KEEPS_ALL = 1.0 - 1e-9
 DEPTH_KEYS = ("depth", "needle_depth", "depths", "needle_depths")
 #: "Early" facts sit in the first third of the text, "end-of-text" facts in the last third.
 EARLY_DEPTH, LATE_DEPTH = 1 / 3, 2 / 3
-#: Eviction strategies that choose what to keep from attention scores ("attention-guided management").
-ATTENTION_GUIDED = ("snapkv", "pyramidkv", "h2o", "tova")
 #: English text runs at about 1.3 model tokens per word (BPE vocabularies of ~50K entries).
 TOKENS_PER_WORD = 1.3
 #: The embedded model's context window (SmolLM2-135M's max_position_embeddings).
@@ -637,7 +636,7 @@ def _dropping_test(res: ScenarioResult, summary: pd.DataFrame, task_picks: list[
 def _attention_test(res: ScenarioResult, summary: pd.DataFrame, task_picks: list[Pick],
                     records: pd.DataFrame | None) -> None:
     sc = res.scenario
-    a = [p for p in task_picks if p.family == "eviction" and p.name in ATTENTION_GUIDED]
+    a = [p for p in task_picks if p.family == "eviction" and attention_guided(p.name)]
     b = [p for p in task_picks if p.family == "quantization"]
     if not a or not b:
         res.evidence = (f"not testable on `{sc.task}`: no "

@@ -1,6 +1,9 @@
 """Command line: ``python -m kvbench [hydra overrides]`` runs a benchmark; ``kvbench calc|hardware|leaderboard|
 lmeval|sweep ...`` dispatch to their own tools. Bad input ends with one line on stderr and exit status 2, never a
-traceback, and nothing written: every job of a (multi)run is composed and checked before the first one starts."""
+traceback, and nothing written. Before the first job starts, every job of a (multi)run is composed and its values
+that need no model are checked (overrides, strategy parameters by building the strategies, engine and sample
+counts: :func:`kvbench.config.check_overrides`); what needs the model or the data (task files, context lengths)
+is checked when its job starts, before that job measures or writes anything."""
 
 from __future__ import annotations
 
@@ -43,8 +46,7 @@ def _job(cfg: DictConfig) -> None:
     from kvbench.runner import run, validate_cfg
 
     try:
-        validate_cfg(cfg)
-        run(cfg)
+        run(cfg, validate_cfg(cfg))
     except KVBenchError as exc:
         fail(str(exc))
     except OmegaConfBaseException as exc:

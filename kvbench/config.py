@@ -25,10 +25,10 @@ import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Union  # noqa: UP035  (OmegaConf reads these typing forms)
 
 from kvbench.errors import KVBenchError
+from kvbench.paths import conf_dir
 
 GROUPS = ("strategy", "task", "model", "hardware")
 
@@ -65,15 +65,6 @@ class KVBenchConfig:
     seed: int = 0
     results_dir: str = "results"  # run directories and the parquet store go here
     engine: EngineConfig = field(default_factory=EngineConfig)
-
-
-def conf_dir() -> Path:
-    """The config root: packaged inside the wheel, or the checkout's top-level ``conf/``."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "conf", here.parent / "conf"):
-        if (candidate / "config.yaml").is_file():
-            return candidate
-    raise KVBenchError("kvbench's configuration directory is missing; reinstall kvbench")
 
 
 def group_options(group: str) -> list[str]:
@@ -388,6 +379,19 @@ def compose_jobs(jobs: list[list[str]]) -> Iterator[tuple[list[str], Any]]:
         yield job, cfg
 
 
+#: Strategies built while :func:`check_overrides` checked a job, keyed by the job's resolved config: the job,
+#: run in this process, takes them (:func:`validate_cfg`) instead of building them again.
+_CHECKED: dict[str, list[Any]] = {}
+
+
+def _job_key(cfg: Any) -> str:
+    from omegaconf import OmegaConf
+
+    from kvbench.results import stable_hash
+
+    return stable_hash(OmegaConf.to_container(cfg, resolve=True), 64)
+
+
 def check_overrides(overrides: list[str], multirun: bool | None = None) -> int:
     """Compose and validate every job of ``overrides`` before anything runs (nothing is written).
 
@@ -397,15 +401,16 @@ def check_overrides(overrides: list[str], multirun: bool | None = None) -> int:
         unique = list({tuple(j): j for j in jobs}.values())
         for job, cfg in compose_jobs(unique):
             try:
-                check_job(cfg, job)
+                _CHECKED[_job_key(cfg)] = check_job(cfg, job)
             except KVBenchError as exc:
                 raise JobError(str(exc), job) from None
     return len(jobs)
 
 
-def check_job(cfg: Any, overrides: list[str]) -> None:
+def check_job(cfg: Any, overrides: list[str]) -> list[Any]:
     """Checks needing the composed config: strategy parameters (by building the strategies), engine and task
-    values; ``strategy.*`` overrides are refused when ``strategies=[...]`` would ignore them."""
+    values; ``strategy.*`` overrides are refused when ``strategies=[...]`` would ignore them. Returns the
+    strategies built (:func:`validate_cfg`)."""
     if cfg.get("strategies"):
         for o in overrides:
             key = o.split("=", 1)[0].lstrip("+~")
@@ -415,7 +420,7 @@ def check_job(cfg: Any, overrides: list[str]) -> None:
                 raise KVBenchError(f"{o} does not apply when strategies=[...] is set; use "
                                    f"strategies_params.{first}.{param}=... (one listed strategy) or "
                                    f"strategies_params.{param}=... (every listed strategy that has it)")
-    validate_cfg(cfg)
+    return validate_cfg(cfg)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -537,8 +542,11 @@ def resolve_strategies(cfg: Any) -> list[Any]:
     return unique
 
 
-def validate_cfg(cfg: Any) -> None:
-    """Checks that need no model: engine settings, sample count, and every strategy built from its parameters."""
+def validate_cfg(cfg: Any) -> list[Any]:
+    """Checks that need no model: engine settings, sample count, and every strategy built from its parameters.
+
+    Returns the strategies the job runs (:func:`resolve_strategies`), built once: a job that
+    :func:`check_overrides` already checked in this process gets the ones built then."""
     if cfg.engine.prefill not in ("shared", "chunked"):
         raise KVBenchError(f"unknown engine.prefill {cfg.engine.prefill!r}; valid: shared, chunked")
     if cfg.engine.prefill == "chunked" and int(cfg.engine.chunk_tokens) < 1:
@@ -549,4 +557,5 @@ def validate_cfg(cfg: Any) -> None:
         raise KVBenchError(f"engine.max_new_samples must be >= 0 (got {cfg.engine.max_new_samples})")
     if int(cfg.task.get("n_samples", 1)) < 1:
         raise KVBenchError(f"task.n_samples must be >= 1 (got {cfg.task.n_samples})")
-    resolve_strategies(cfg)
+    checked = _CHECKED.pop(_job_key(cfg), None)
+    return checked if checked is not None else resolve_strategies(cfg)

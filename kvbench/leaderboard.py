@@ -264,7 +264,8 @@ def fmt(value: Any, kind: str) -> str:
 
 
 def fmt_delta(delta: Any, low: Any, high: Any) -> str:
-    """``+0.0 [-2.1, +1.9]``: the point estimate with its paired-bootstrap CI."""
+    """``+0.0 [-2.1, +1.9]``: the point estimate with its paired 95% interval (Newcombe's for binary scores, BCa
+    bootstrap for continuous ones: :func:`kvbench.spec.accuracy_delta`)."""
     if _isnan(delta):
         return "–"
     return f"{fmt(delta, 'pp')} [{fmt(low, 'pp')}, {fmt(high, 'pp')}]"

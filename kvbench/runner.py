@@ -22,13 +22,6 @@ from kvbench.tasks.base import Sample, build_samples
 from strategies.base import Strategy
 
 
-def strategy_params(cfg: DictConfig | dict) -> dict[str, Any]:
-    """A composed ``strategy`` node as build parameters (everything but ``name``)."""
-    from kvbench.config import node_params
-
-    return node_params(cfg)
-
-
 def resolve_strategies(cfg: DictConfig) -> list[Strategy]:
     """The strategies a job runs, ``full`` first (:func:`kvbench.config.resolve_strategies`)."""
     from kvbench.config import resolve_strategies as resolve
@@ -75,14 +68,16 @@ def dataset_name(task_cfg: Any) -> str:
     return name
 
 
-def run(cfg: DictConfig) -> pd.DataFrame:
-    """Execute one job and return its summary table."""
+def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFrame:
+    """Execute one job and return its summary table. ``strategies``: those :func:`validate_cfg` built for
+    ``cfg`` (``full`` first); built here when not given."""
     from kvbench import identity
 
     profile, device = _hardware(cfg)
     if getattr(profile, "threads", None):
         torch.set_num_threads(int(profile.threads))
-    strategies = resolve_strategies(cfg)
+    if strategies is None:
+        strategies = resolve_strategies(cfg)
     dtype = cfg.model.get("dtype") or profile.dtype
     lm = load_model(cfg.model.name, dtype=dtype, device=device, path=cfg.model.get("path"), seed=cfg.seed)
     samples = build_samples(cfg.task.name, cfg.task, lm.tokenizer, lm.max_context)
@@ -94,6 +89,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     task_cfg = OmegaConf.to_container(cfg.task, resolve=True)
     chunk_tokens = int(cfg.engine.chunk_tokens) if cfg.engine.prefill == "chunked" else 0
     hardware = identity.hardware_fields(profile)
+    hardware_digest = stable_hash(hardware, 64)
     task_inputs = identity.task_digest(cfg.task.name, cfg.task)
     # The directory actually read (absolute), so two checkpoints never look alike in the store.
     model_path = str(lm.source_dir.resolve()) if cfg.model.get("path") and lm.source_dir else cfg.model.get("path")
@@ -113,8 +109,8 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     store.init(yaml.safe_dump(resolved, sort_keys=False), environment(),
                identity={**determinants, "config_hash": config_hash, "model_path": model_path,
-                         "task_path": task_cfg.get("path") or task_cfg.get("corpus"),
-                         "hardware_digest": stable_hash(hardware, 64),
+                         "task_path": identity.task_location(str(cfg.task.name), task_cfg),
+                         "hardware_digest": hardware_digest,
                          "strategies": [[s.label(), s.params()] for s in strategies]})
 
     labels = {s.label() for s in strategies}
@@ -125,7 +121,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         "task_type": str(cfg.task.name), "hardware": hw_name, "hardware_simulated": simulated, "device": device,
         "dtype": dtype, "seed": int(cfg.seed), "query_aware": bool(cfg.task.get("query_aware", False)),
         "model_path": model_path, "model_digest": model_digest,
-        "task_digest": task_inputs.get("digest"), "hardware_digest": stable_hash(hardware, 64),
+        "task_digest": task_inputs.get("digest"), "hardware_digest": hardware_digest,
     }, working_copy=bool(cfg.engine.working_copy))
 
     def baseline_key(sample: Sample) -> str:
@@ -188,8 +184,8 @@ def _run_with_progress(engine: Engine, samples: list[Sample], strategies: list[S
                     progress=progress, chunk_tokens=chunk_tokens, batch_size=batch_size, max_new=max_new)
 
 
-def validate_cfg(cfg: DictConfig) -> None:
-    """Checks that need no model (:func:`kvbench.config.validate_cfg`)."""
+def validate_cfg(cfg: DictConfig) -> list[Strategy]:
+    """Checks that need no model; returns the job's strategies (:func:`kvbench.config.validate_cfg`)."""
     from kvbench.config import validate_cfg as validate
 
-    validate(cfg)
+    return validate(cfg)

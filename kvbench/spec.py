@@ -17,6 +17,7 @@ import torch
 
 from kvbench import SPEC_VERSION, stats
 from kvbench.stats import CI_LEVEL
+from kvbench.tasks.metrics import TASK_METRICS
 
 __all__ = [
     "SPEC_VERSION", "BINARY_METRICS", "PeakMemory", "accuracy_delta", "accuracy_interval", "bootstrap_mean_ci",
@@ -24,10 +25,11 @@ __all__ = [
 ]
 
 BOOTSTRAP_RESAMPLES = 2000
-#: Task metrics whose per-sample scores are 0 or 1 (lm-eval's per-document ``acc``/``exact_match`` too).
-BINARY_METRICS = ("substring", "exact", "acc", "acc_norm", "exact_match")
+#: Task metrics whose per-sample scores are 0 or 1 (kvbench's, from their registry, and lm-eval's per-document
+#: ``acc``/``acc_norm``/``exact_match``, which imported records carry).
+BINARY_METRICS = (*(n for n, m in TASK_METRICS.items() if m.binary), "acc", "acc_norm", "exact_match")
 #: Task metrics with scores anywhere in [0, 1].
-CONTINUOUS_METRICS = ("f1", "token_accuracy")
+CONTINUOUS_METRICS = tuple(n for n, m in TASK_METRICS.items() if not m.binary)
 #: ``Delta.method`` of each kind of score.
 NEWCOMBE, BCA = "newcombe-paired", "bca-bootstrap"
 

@@ -36,6 +36,7 @@ def worker(mode: str, spec: str, context: int, chunk: int) -> dict:
     import torch
 
     import strategies as registry
+    from kvbench.cache import KVBenchCache
     from kvbench.engine import Engine, query_window_for
     from kvbench.models import load_model
     from kvbench.spec import PeakMemory
@@ -53,7 +54,7 @@ def worker(mode: str, spec: str, context: int, chunk: int) -> dict:
     with torch.inference_mode(), PeakMemory("cpu") as peak:
         if mode == "shared":
             pre = engine.prefill(sample, query_window_for([strategy]))
-            cache, _ = engine._cache(strategy, pre)
+            cache = KVBenchCache.from_capture(strategy, engine.model.config, pre.keys, pre.values, pre.captures)
         else:
             cache, _, _ = engine.chunked_prefill(strategy, torch.tensor([ids]), chunk)
     return {"strategy": spec, "mode": mode, "context": context, "peak_rss_mib": peak.peak_bytes / 2**20,

@@ -26,7 +26,19 @@ import pandas as pd
 from _jobs import ROOT, fmt
 
 RATIOS = (0.25, 0.5, 0.75, 0.875)
-STRATEGIES = ("streaming_llm", "h2o", "snapkv", "pyramidkv", "tova", "knorm", "random")
+#: The order of the committed sweep, kept so its job commands (and so its run ids) stay the same.
+_SWEPT_ORDER = ("streaming_llm", "h2o", "snapkv", "pyramidkv", "tova", "knorm", "random")
+
+
+def eviction_strategies() -> tuple[str, ...]:
+    """Every registered eviction strategy (plugins included), the committed sweep's in its order, new ones after."""
+    import strategies
+
+    names = strategies.family_names("eviction")
+    return tuple(sorted(names, key=lambda n: (_SWEPT_ORDER.index(n) if n in _SWEPT_ORDER else len(_SWEPT_ORDER), n)))
+
+
+STRATEGIES = eviction_strategies()
 #: The composition swept alongside: SnapKV eviction, then int8 storage of the kept tokens.
 COMPOSE = ("compose", "snapkv", "int8")
 COLUMNS = ["task", "strategy", "ratio", "label", "n", "accuracy", "baseline_accuracy", "delta_pp",

@@ -6,7 +6,8 @@ is every class another installed package announces under the entry-point group `
     my_strategy = "my_pkg.my_module:MyStrategy"
 
 A new built-in strategy is one file here plus one YAML in ``conf/strategy/`` that pulls in the schema generated
-from its dataclass (see docs/checklists/strategy.md); a plugin strategy needs no YAML.
+from its dataclass (see docs/checklists/strategy.md); a plugin strategy needs no YAML. The shortest one is a
+:class:`ScorerStrategy` with a single ``score`` method.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from kvbench.errors import KVBenchError
+from strategies._eviction import ScorerStrategy
 from strategies.base import LayerCapture, LayerStore, Strategy
 
-__all__ = ["LayerCapture", "LayerStore", "Strategy", "available", "build", "strategy_class"]
+__all__ = ["LayerCapture", "LayerStore", "ScorerStrategy", "Strategy", "attention_guided", "available", "build",
+           "family_names", "strategy_class"]
 
 ENTRY_POINT_GROUP = "kvbench.strategies"
 _REGISTRY: dict[str, type[Strategy]] = {}
@@ -79,6 +82,20 @@ def strategy_class(name: str) -> type[Strategy]:
     if name not in _REGISTRY:
         raise KVBenchError(f"unknown strategy {name!r}; valid: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
+
+
+def family_names(family: str) -> list[str]:
+    """Registered strategies of ``family`` (plugins included), sorted: lists of "every eviction strategy"
+    derive from this, so a new one is never silently left out."""
+    return [n for n in available() if strategy_class(n).family == family]
+
+
+def attention_guided(name: str) -> bool:
+    """Whether strategy ``name`` chooses what to keep from attention scores (its ``attention_guided``);
+    ``False`` for a name no longer registered (records of an uninstalled plugin)."""
+    _discover()
+    cls = _REGISTRY.get(name)
+    return bool(cls is not None and cls.attention_guided)
 
 
 def build(name: str, params: dict[str, Any] | None = None) -> Strategy:

@@ -1,6 +1,12 @@
 """Shared machinery of the eviction strategies: budgets, attention scores, GQA pooling, gathers of kept
 tokens, and the store that enforces a budget at prefill and during decoding.
 
+The short path: an eviction strategy that only scores tokens is a :class:`ScorerStrategy` with one method,
+``score(keys, values, queries, capture)`` (higher = keep), like kvpress's ``ScorerPress`` (e.g. ``KnormPress``:
+``-keys.norm(dim=-1)``); it inherits the budget pair, ``decode_evict`` and the store wiring (``knorm``,
+``random``). Strategies that also protect tokens (sinks, recent windows) or keep running statistics write an
+:class:`EvictionPolicy` instead (``snapkv``, ``h2o``, ``tova``, ``streaming_llm``).
+
 An eviction strategy is a scoring *policy* (higher score = keep) plus a budget. :class:`EvictingStore` asks
 the policy for scores, keeps the top tokens per (layer, KV head) — the same count for every head so the
 cache stays a dense ``[batch, kv_heads, kept, head_dim]`` tensor — and hands the kept K/V to an inner store:
@@ -28,8 +34,10 @@ and :func:`attention_column_sums` processes queries in chunks of 256 and skips k
 
 from __future__ import annotations
 
+import copy
 import math
 import weakref
+from abc import abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -163,13 +171,18 @@ class EvictionPolicy:
     gathers them in :meth:`on_select` and lists them in :meth:`tensors` so they count as held bytes.
     """
 
-    #: Whether scores read the captured queries (the store then checks they belong to the current step).
-    needs_queries = False
-
     def __init__(self, strategy: EvictionStrategy, layer_idx: int, num_layers: int) -> None:
         self.strategy = strategy
         self.layer_idx = layer_idx
         self.num_layers = num_layers
+
+    @property
+    def needs_queries(self) -> bool:
+        """Whether scores read the captured queries (the store then checks they belong to the current step).
+
+        Derived from the strategy's one declaration, ``query_window`` (0: reads none), never declared again.
+        """
+        return self.strategy.query_window != 0
 
     def protected(self, keep: int) -> tuple[int, int]:
         """``(sinks, recent)``: leading and trailing tokens kept regardless of score."""
@@ -359,6 +372,56 @@ class EvictionStrategy(Strategy):
 
     def new_layer(self, layer_idx: int, num_layers: int) -> LayerStore:
         return self.wrap(FullStore(self, layer_idx, num_layers), layer_idx, num_layers)
+
+
+class _Scores(EvictionPolicy):
+    """The policy of a :class:`ScorerStrategy`: its ``score``, called on the layer's own copy of the strategy."""
+
+    def __init__(self, strategy: ScorerStrategy, layer_idx: int, num_layers: int) -> None:
+        super().__init__(strategy, layer_idx, num_layers)
+        # A shallow copy per layer store: a scorer may keep per-layer state on ``self`` (random's generator), as
+        # kvpress's presses do, and it starts afresh with every cache built.
+        self.scorer = copy.copy(strategy)
+        self.scorer.layer_idx, self.scorer.num_layers = layer_idx, num_layers
+
+    def prefill_scores(self, keys: torch.Tensor, values: torch.Tensor,
+                       queries: torch.Tensor | None, capture: LayerCapture | None) -> torch.Tensor:
+        return self.scorer.score(keys, values, queries, capture)
+
+
+@dataclass
+class ScorerStrategy(EvictionStrategy):
+    """An eviction strategy in one method: :meth:`score` ranks tokens, the top ``keep(n)`` per KV head stay.
+
+    kvpress's ``ScorerPress`` in kvbench's terms. The budget pair (``compression_ratio`` | ``budget_tokens``)
+    and ``decode_evict`` are inherited: with ``decode_evict = true`` the same score (over held + new tokens)
+    enforces the budget after every decode step. A score that reads queries overrides ``query_window`` (how
+    many of the last prefill queries it reads) — the one declaration the store derives its checks from.
+    ``attention_guided = True`` when the score is built from attention (the claim check's "attention-guided").
+    Parity: a ``reference`` classmethod next to it (see ``docs/checklists/strategy.md``) is picked up by
+    ``tests/test_parity_eviction.py``.
+    """
+
+    decode_evict: bool = False
+    # The layer the copy that scores belongs to (set by :class:`_Scores`; not parameters, so not fields).
+    layer_idx = 0
+    num_layers = 1
+
+    @abstractmethod
+    def score(self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor | None,
+              capture: LayerCapture | None) -> torch.Tensor:
+        """Scores ``[B, H or 1, N]`` for the tokens of ``keys``/``values`` ``[B, H, N, D]`` (higher = keep);
+        ``queries`` are the captured ones (``None`` unless ``query_window`` asks for them)."""
+
+    def validate(self) -> None:
+        super().validate()
+        require_bool(self.decode_evict, f"{self.name}.decode_evict")
+
+    def evicts_during_decode(self) -> bool:
+        return self.decode_evict
+
+    def policy(self, layer_idx: int, num_layers: int) -> EvictionPolicy:
+        return _Scores(self, layer_idx, num_layers)
 
 
 # -- per-layer attention masks -----------------------------------------------------------------------------

@@ -37,7 +37,7 @@ _ALIGN = 64  # byte alignment of each tensor inside a packet file (any dtype can
 
 def tiers_root() -> Path:
     """Parent directory of every store's spill files: ``<kvbench cache>/tiers``."""
-    from kvbench.models import cache_dir
+    from kvbench.paths import cache_dir
 
     return cache_dir() / "tiers"
 

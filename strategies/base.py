@@ -106,6 +106,8 @@ class Strategy(ABC):
     #: Whether a built cache is plain tensors that a deep copy duplicates independently (questions sharing one
     #: compressed context are answered from copies); False makes the engine rebuild the cache per pass.
     cache_copyable: ClassVar[bool] = True
+    #: Chooses what to keep from attention scores ("attention-guided management" in the claim check).
+    attention_guided: ClassVar[bool] = False
 
     @property
     def query_window(self) -> int | None:

@@ -33,7 +33,6 @@ from strategies.base import LayerCapture, require
 
 class _HeavyHitters(EvictionPolicy):
     strategy: H2O
-    needs_queries = True
     acc: torch.Tensor | None = None  # accumulated attention per held token, [B, H, held]
 
     def protected(self, keep: int) -> tuple[int, int]:
@@ -73,6 +72,7 @@ class H2O(EvictionStrategy):
     """Heavy hitters by accumulated attention + recent window, at prefill and every decode step."""
 
     name = "h2o"
+    attention_guided = True
     recent_fraction: float = 0.5
     fixed_cache: bool = False  # true: the prompt's budget for the whole generation (the paper's fixed size)
 

@@ -16,29 +16,16 @@ from dataclasses import dataclass
 
 import torch
 
-from strategies._eviction import EvictionPolicy, EvictionStrategy, require_bool
+from strategies._eviction import ScorerStrategy
 from strategies.base import LayerCapture
 
 
-class _LowKeyNorm(EvictionPolicy):
-    def prefill_scores(self, keys: torch.Tensor, values: torch.Tensor,
-                       queries: torch.Tensor | None, capture: LayerCapture | None) -> torch.Tensor:
-        return -keys.float().norm(dim=-1)
-
-
 @dataclass
-class Knorm(EvictionStrategy):
+class Knorm(ScorerStrategy):
     """Lowest key-norm tokens per KV head."""
 
     name = "knorm"
-    decode_evict: bool = False
 
-    def validate(self) -> None:
-        super().validate()
-        require_bool(self.decode_evict, "knorm.decode_evict")
-
-    def evicts_during_decode(self) -> bool:
-        return self.decode_evict
-
-    def policy(self, layer_idx: int, num_layers: int) -> EvictionPolicy:
-        return _LowKeyNorm(self, layer_idx, num_layers)
+    def score(self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor | None,
+              capture: LayerCapture | None) -> torch.Tensor:
+        return -keys.float().norm(dim=-1)

@@ -15,39 +15,26 @@ from dataclasses import dataclass
 
 import torch
 
-from strategies._eviction import EvictionPolicy, EvictionStrategy, require_bool, require_int
+from strategies._eviction import ScorerStrategy, require_int
 from strategies.base import LayerCapture
 
 
-class _RandomScores(EvictionPolicy):
-    strategy: RandomEviction
-
-    def __init__(self, strategy: RandomEviction, layer_idx: int, num_layers: int) -> None:
-        super().__init__(strategy, layer_idx, num_layers)
-        # One stream per layer, continued across decode steps; the prime keeps (seed, layer) pairs apart.
-        self.generator = torch.Generator().manual_seed(strategy.seed * 1_000_003 + layer_idx)
-
-    def prefill_scores(self, keys: torch.Tensor, values: torch.Tensor,
-                       queries: torch.Tensor | None, capture: LayerCapture | None) -> torch.Tensor:
-        # Drawn from the host generator, then moved: the same tokens on every device for a given seed.
-        return torch.rand(keys.shape[:3], generator=self.generator).to(keys.device)
-
-
 @dataclass
-class RandomEviction(EvictionStrategy):
+class RandomEviction(ScorerStrategy):
     """Uniformly random kept tokens per (layer, KV head)."""
 
     name = "random"
     seed: int = 0
-    decode_evict: bool = False
 
     def validate(self) -> None:
         super().validate()
         require_int(self.seed, 0, "random.seed")
-        require_bool(self.decode_evict, "random.decode_evict")
 
-    def evicts_during_decode(self) -> bool:
-        return self.decode_evict
-
-    def policy(self, layer_idx: int, num_layers: int) -> EvictionPolicy:
-        return _RandomScores(self, layer_idx, num_layers)
+    def score(self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor | None,
+              capture: LayerCapture | None) -> torch.Tensor:
+        # This is the layer's own copy (ScorerStrategy): one stream per layer, continued across decode steps;
+        # the prime keeps (seed, layer) pairs apart.
+        if "generator" not in vars(self):
+            self.generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.layer_idx)
+        # Drawn from the host generator, then moved: the same tokens on every device for a given seed.
+        return torch.rand(keys.shape[:3], generator=self.generator).to(keys.device)

@@ -61,7 +61,6 @@ class ObservationWindow(EvictionPolicy):
     """SnapKV's score; also PyramidKV's, which only changes the per-layer budget."""
 
     strategy: SnapKV
-    needs_queries = True
 
     def __init__(self, strategy: SnapKV, layer_idx: int, num_layers: int) -> None:
         super().__init__(strategy, layer_idx, num_layers)
@@ -91,6 +90,7 @@ class SnapKV(EvictionStrategy):
     """
 
     name = "snapkv"
+    attention_guided = True
     preset: str = DEFAULT_PRESET
     window_size: int | None = None
     kernel_size: int | None = None

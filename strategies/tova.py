@@ -30,7 +30,6 @@ from strategies.base import LayerCapture
 
 class _LastQueryAttention(EvictionPolicy):
     strategy: Tova
-    needs_queries = True
 
     def protected(self, keep: int) -> tuple[int, int]:
         return 0, min(1, keep) if self.strategy.protect_last else 0
@@ -51,6 +50,7 @@ class Tova(EvictionStrategy):
     """
 
     name = "tova"
+    attention_guided = True
     per_head: bool = False
     protect_last: bool = False  # true: the newest token always stays (kvpress's TOVAPress)
     fixed_cache: bool = False  # true: the prompt's budget for the whole generation (the paper's fixed size)

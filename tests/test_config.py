@@ -24,6 +24,7 @@ from kvbench.config import (
     resolve_strategies,
     strategy_defaults,
     task_defaults,
+    validate_cfg,
 )
 from kvbench.errors import KVBenchError
 from kvbench.results import read_store
@@ -170,6 +171,20 @@ def test_strategies_never_make_kvbench_core_import_them():
             "assert not bad, bad; import strategies.base; "
             "assert strategies.base.LayerCapture is kvbench.capture.LayerCapture")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=300)
+
+
+def test_a_checked_job_builds_its_strategies_once(monkeypatch):
+    """Issue 27: check_overrides builds (so validates) the strategies; the job then takes those, not new ones."""
+    built: list[str] = []
+    build = strategies.build
+    monkeypatch.setattr(strategies, "build", lambda name, params=None: built.append(name) or build(name, params))
+    check_overrides(["strategy=knorm", "strategy.compression_ratio=0.25"])
+    assert sorted(built) == ["full", "knorm"]
+    job = validate_cfg(compose_config(["strategy=knorm", "strategy.compression_ratio=0.25"]))
+    assert [s.label() for s in job] == ["full", "knorm(budget_tokens=None,compression_ratio=0.25,decode_evict=False)"]
+    assert len(built) == 2  # taken from the check
+    validate_cfg(compose_config(["strategy=knorm", "strategy.compression_ratio=0.25"]))
+    assert len(built) == 4  # a job not checked again is built afresh (the check's strategies are handed out once)
 
 
 # ---------------------------------------------------------------------------------- Hydra's sweep grammar

@@ -26,7 +26,8 @@ from strategies._eviction import (
 from strategies.base import LayerCapture, RunContext
 from strategies.pyramidkv import pyramid_budgets
 
-EVICTION = ["streaming_llm", "h2o", "snapkv", "pyramidkv", "tova", "knorm", "random"]
+#: Every registered eviction strategy, plugins on sys.path included: a new one is never left out.
+EVICTION = strategies.family_names("eviction")
 DECODE_EVICTING = [("streaming_llm", {}), ("h2o", {}), ("tova", {}), ("tova", {"per_head": True}),
                    ("knorm", {"decode_evict": True}), ("random", {"decode_evict": True})]
 CONF = Path(__file__).resolve().parents[1] / "conf" / "strategy"
@@ -125,6 +126,20 @@ def test_query_window_is_an_instance_property_never_stored(name):
     assert isinstance(cls.query_window, property)
     window = built.query_window
     assert window is None or (isinstance(window, int) and window >= 0)
+
+
+@pytest.mark.parametrize("name", EVICTION)
+def test_reading_queries_is_declared_once(name):
+    """Issue 27: the store's query check derives from ``query_window``; no second declaration can disagree."""
+    strategy = strategies.build(name)
+    assert strategy.policy(0, 1).needs_queries == (strategy.query_window != 0)
+
+
+def test_attention_guided_is_an_attribute_of_the_strategy():
+    """The claim check's "attention-guided eviction": the strategies that score by attention, plugins included."""
+    assert {n for n in strategies.available() if strategies.attention_guided(n)} == {"snapkv", "pyramidkv", "h2o",
+                                                                                     "tova"}
+    assert not strategies.attention_guided("no_longer_installed")
 
 
 def test_query_window_follows_each_instance_parameters():

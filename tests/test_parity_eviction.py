@@ -4,8 +4,13 @@ the kept tokens on small random tensors (GQA, two batch rows); kvbench's store m
 per (row, KV head). PyramidKV's per-layer budgets are checked against kvpress's schedule; H2O's and TOVA's
 decode loops are replayed token by token on explicit held sets.
 
-A new eviction strategy is picked up automatically: the registry-wide test fails until ``REFERENCES`` has an
-entry for it (a function of the tensors and the strategy's parameters returning the kept indices).
+A new eviction strategy is picked up automatically: the registry-wide test fails until it has a reference.
+Either its class declares one next to it, the ``ScorerStrategy`` path: a classmethod ``reference(keys, values,
+queries, params, layer)`` returning the paper's scores ``[B, Hkv or 1, N]`` (higher = keep), written from the
+paper's equation, with ``queries`` those of every prefix position and ``params`` the resolved parameters; the
+store must keep the top ``keep(n)`` per row and KV head, at the strategy's defaults and at ``SCORER_CASES``.
+Or ``REFERENCES`` here has an entry returning the kept indices (strategies that protect tokens or evict in
+their own way), with parameters in ``CASES``.
 """
 
 from __future__ import annotations
@@ -128,7 +133,32 @@ REFERENCES: dict[str, Callable[..., Ref]] = {
     "snapkv": ref_snapkv, "pyramidkv": ref_pyramidkv, "h2o": ref_h2o, "tova": ref_tova,
     "streaming_llm": ref_streaming_llm, "knorm": ref_knorm, "random": ref_random,
 }
-EVICTION = [n for n in strategies.available() if strategies.strategy_class(n).family == "eviction"]
+EVICTION = strategies.family_names("eviction")
+#: Parameters a class-declared reference is checked at, besides the strategy's defaults.
+SCORER_CASES: list[dict] = [{"compression_ratio": 0.3}, {"compression_ratio": 0.8}]
+
+
+def _class_reference(name: str) -> Callable[..., Ref] | None:
+    """The strategy's own ``reference`` classmethod (scores), as a kept-set reference; None if it has none."""
+    scores_of = getattr(strategies.strategy_class(name), "reference", None)
+    if not callable(scores_of):
+        return None
+
+    def ref(keys, values, queries, p, layer=0, layers=1) -> Ref:
+        n = keys.shape[-2]
+        scores = scores_of(keys, values, queries, p, layer=layer).expand(B, HKV, n)
+        keep = min(n, p["budget_tokens"]) if p.get("budget_tokens") else _keep(n, p["compression_ratio"])
+        return [_top(scores[b], keep) for b in range(B)], scores
+
+    return ref
+
+
+def _reference(name: str) -> Callable[..., Ref] | None:
+    return REFERENCES.get(name) or _class_reference(name)
+
+
+def _cases(name: str) -> list[dict]:
+    return CASES[name] if name in REFERENCES else SCORER_CASES
 
 
 def kvpress_pyramid_budget(n: int, ratio: float, window: int, beta: float, layer: int, layers: int) -> int:
@@ -201,20 +231,22 @@ CASES: dict[str, list[dict]] = {
 
 @pytest.mark.parametrize("name", EVICTION)
 def test_every_eviction_strategy_has_a_reference(name):
-    assert name in REFERENCES, f"add a reference implementation of {name!r}'s paper scoring to REFERENCES"
-    assert CASES.get(name), f"add parity parameters for {name!r} to CASES"
+    assert _reference(name), (f"declare a `reference` classmethod of {name!r}'s paper scoring next to it, or add "
+                              "a reference implementation to REFERENCES")
+    if name in REFERENCES:
+        assert CASES.get(name), f"add parity parameters for {name!r} to CASES"
 
 
 @pytest.mark.parametrize("name,params,layer,layers", [
     (name, params, layer, layers)
-    for name in EVICTION if name in REFERENCES
-    for params in [{}, *CASES.get(name, [])]
+    for name in EVICTION if _reference(name)
+    for params in [{}, *_cases(name)]
     for layer, layers in ([(0, 1)] if name != "pyramidkv" else [(0, 4), (2, 4), (3, 4)])
 ])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_kept_index_sets_equal_the_papers(name, params, layer, layers, seed):
     ours, (keys, values, queries, resolved) = _store_kept(name, params, layer, layers, seed)
-    ref, scores = REFERENCES[name](keys, values, queries, resolved, layer=layer, layers=layers)
+    ref, scores = _reference(name)(keys, values, queries, resolved, layer=layer, layers=layers)
     _assert_same_kept(ours, ref, scores)
 
 

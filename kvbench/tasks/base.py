@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbench.errors import KVBenchError
+from kvbench.tasks.metrics import TASK_METRICS
 
-METRICS = ("substring", "exact", "f1", "token_accuracy")
+#: The metrics a sample may carry (the registry: :data:`kvbench.tasks.metrics.TASK_METRICS`).
+METRICS: tuple[str, ...] = tuple(TASK_METRICS)
 
 
 @dataclass
@@ -48,18 +50,47 @@ class Sample:
         return len(self.prefix_ids)
 
 
+@dataclass(frozen=True)
+class TaskInputs:
+    """What a task's samples are read from besides its settings, declared with :func:`register_task` so the run
+    identity digests it (:func:`kvbench.identity.task_digest`): an edited input is a new run, a moved one is not.
+
+    ``files``: settings naming one file each (``jsonl``'s ``path``); ``directories``: settings naming a folder
+    of documents, every ``.txt``/``.md`` file under it (``custom``'s ``corpus``); ``corpus``: a built-in corpus
+    of :mod:`kvbench.tasks.corpora` (its pinned archives and extractor version). A task declaring nothing is
+    identified by its settings alone.
+    """
+
+    files: tuple[str, ...] = ()
+    directories: tuple[str, ...] = ()
+    corpus: str | None = None
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """The settings that only say *where* an input lives (left out of the identity once it is digested)."""
+        return (*self.files, *self.directories)
+
+
 TaskBuilder = Callable[..., list[Sample]]
 _TASKS: dict[str, TaskBuilder] = {}
+_INPUTS: dict[str, TaskInputs] = {}
 
 
-def register_task(name: str) -> Callable[[TaskBuilder], TaskBuilder]:
-    """Register ``fn(cfg, tokenizer, max_context) -> list[Sample]`` under ``name``."""
+def register_task(name: str, inputs: TaskInputs | None = None) -> Callable[[TaskBuilder], TaskBuilder]:
+    """Register ``fn(cfg, tokenizer, max_context) -> list[Sample]`` under ``name``, reading ``inputs``."""
 
     def deco(fn: TaskBuilder) -> TaskBuilder:
         _TASKS[name] = fn
+        _INPUTS[name] = inputs or TaskInputs()
         return fn
 
     return deco
+
+
+def task_inputs(name: str) -> TaskInputs:
+    """What task ``name`` declared it reads (nothing for an unknown name)."""
+    _import_builtin_tasks()
+    return _INPUTS.get(name, TaskInputs())
 
 
 def task_names() -> list[str]:

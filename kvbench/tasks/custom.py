@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvbench.errors import KVBenchError
-from kvbench.tasks.base import Sample, register_task
+from kvbench.tasks.base import Sample, TaskInputs, register_task
 from kvbench.tasks.corpora import load_directory
 from kvbench.tasks.needles import DOMAIN_FAMILIES
 from kvbench.tasks.suite import DEFAULTS, build_task
@@ -18,7 +18,7 @@ from kvbench.tasks.suite import DEFAULTS, build_task
 CUSTOM_DEFAULTS: dict[str, Any] = {**DEFAULTS, "needles": list(DOMAIN_FAMILIES["generic"])}
 
 
-@register_task("custom")
+@register_task("custom", inputs=TaskInputs(directories=("corpus",)))
 def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
     """Build ``custom`` samples from the documents in ``task.corpus``."""
     corpus = cfg.get("corpus", None)

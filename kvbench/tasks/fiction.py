@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvbench.tasks.base import Sample, register_task
+from kvbench.tasks.base import Sample, TaskInputs, register_task
 from kvbench.tasks.corpora import load_corpus
 from kvbench.tasks.needles import DOMAIN_FAMILIES
 from kvbench.tasks.suite import DEFAULTS, build_task
@@ -21,7 +21,7 @@ FICTION_DEFAULTS: dict[str, Any] = {**DEFAULTS, "context_tokens": 2048, "depths"
                                     "needles": list(DOMAIN_FAMILIES["fiction"])}
 
 
-@register_task("fiction")
+@register_task("fiction", inputs=TaskInputs(corpus="fiction"))
 def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
     """Build ``fiction`` samples (see :mod:`kvbench.tasks.suite` for the variants)."""
     return build_task("fiction", cfg, tokenizer, max_context, load_corpus("fiction"), FICTION_DEFAULTS,

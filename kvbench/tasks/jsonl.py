@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.errors import KVBenchError
-from kvbench.tasks.base import Sample, register_task
+from kvbench.tasks.base import Sample, TaskInputs, register_task
 from kvbench.tasks.metrics import TEXT_METRICS
 from kvbench.tasks.prompt import build_pieces, encode, truncate_middle
 from kvbench.tasks.suite import option
@@ -65,7 +65,7 @@ def _answers(row: dict[str, Any], i: int) -> list[str]:
     return answers
 
 
-@register_task("jsonl")
+@register_task("jsonl", inputs=TaskInputs(files=("path",)))
 def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
     """One sample per row (the first ``n_samples`` rows, in file order)."""
     path = cfg.get("path", None)

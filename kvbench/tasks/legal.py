@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvbench.tasks.base import Sample, register_task
+from kvbench.tasks.base import Sample, TaskInputs, register_task
 from kvbench.tasks.corpora import load_corpus
 from kvbench.tasks.needles import DOMAIN_FAMILIES
 from kvbench.tasks.suite import DEFAULTS, build_task
@@ -20,7 +20,7 @@ from kvbench.tasks.suite import DEFAULTS, build_task
 LEGAL_DEFAULTS: dict[str, Any] = {**DEFAULTS, "distractors": 1, "needles": list(DOMAIN_FAMILIES["legal"])}
 
 
-@register_task("legal")
+@register_task("legal", inputs=TaskInputs(corpus="legal"))
 def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
     """Build ``legal`` samples (see :mod:`kvbench.tasks.suite` for the variants)."""
     return build_task("legal", cfg, tokenizer, max_context, load_corpus("legal"), LEGAL_DEFAULTS,

@@ -9,6 +9,12 @@
 * ``exact`` — normalised prediction equals a normalised answer.
 * ``f1`` — SQuAD token F1 between the normalised prediction and answer.
 * ``token_accuracy`` — computed by the engine from logits over ``gold_ids``; text scoring is refused.
+
+:data:`TASK_METRICS` is the one registry of these names (a "task metric": how a sample's answer is scored,
+as opposed to the summary figures of :data:`kvbench.record.METRICS`). What a sample may carry
+(``kvbench.tasks.base.METRICS``), which scores are binary (``kvbench.spec.BINARY_METRICS``, choosing Wilson and
+Newcombe intervals over the bootstrap) and which tasks lm-eval generates (``kvbench.lmeval.GENERATION_METRICS``)
+are derived from it.
 """
 
 from __future__ import annotations
@@ -16,10 +22,10 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from kvbench.errors import KVBenchError
-
-TEXT_METRICS = ("substring", "exact", "f1")
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 # Punctuation becomes a space (not nothing) so "US$250,000" and "250 000" normalise alike and
@@ -68,7 +74,26 @@ def _f1(prediction: str, answer: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-_SCORERS = {"substring": _substring, "exact": _exact, "f1": _f1}
+@dataclass(frozen=True)
+class TaskMetric:
+    """One task metric. ``binary``: every score is 0 or 1 (else anywhere in [0, 1]); ``scorer``: the score of a
+    decoded prediction against one answer, or None for a metric the engine computes from logits."""
+
+    name: str
+    binary: bool
+    scorer: Callable[[str, str], float] | None = None
+
+
+#: Every task metric, by name.
+TASK_METRICS: dict[str, TaskMetric] = {m.name: m for m in (
+    TaskMetric("substring", binary=True, scorer=_substring),
+    TaskMetric("exact", binary=True, scorer=_exact),
+    TaskMetric("f1", binary=False, scorer=_f1),
+    TaskMetric("token_accuracy", binary=False),  # fraction of gold tokens the model predicts (kvbench.engine)
+)}
+#: Metrics scored from decoded text, by :func:`score`.
+TEXT_METRICS: tuple[str, ...] = tuple(n for n, m in TASK_METRICS.items() if m.scorer is not None)
+_SCORERS = {n: m.scorer for n, m in TASK_METRICS.items() if m.scorer is not None}
 
 
 def score(metric: str, prediction: str, answers: list[str]) -> float:
