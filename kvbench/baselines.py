@@ -6,7 +6,7 @@ the record is JSON in the file's metadata, so reading a baseline never unpickles
 at worst fail to parse, and is then recomputed. Files of any other format (the ``.pt`` pickles older versions
 wrote) are never opened; the run says once that it ignored them.
 
-A file is only reused when it proves it belongs where it was found (measurement spec §5.3): it carries the
+A file is only reused when it proves it belongs where it was found (measurement spec §5.2): it carries the
 identity it was computed under (its key, sample id, spec version, task/model/hardware digests, dtype, device,
 seed and the log-prob tensor's shape), which must equal the reading run's; its tensor must have that shape;
 and its record must agree with its own tensor and prediction (gold NLL and gold-token accuracy recomputed

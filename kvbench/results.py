@@ -3,7 +3,8 @@
 ``results/runs/<run-id>/`` holds ``config.yaml`` (resolved), ``environment.json``, ``records.jsonl``
 (one line per (sample, strategy), appended and fsynced as each finishes) and ``summary.csv``.
 ``results/store/<run-id>.parquet`` mirrors the run's records for reports; readers concatenate the
-directory and drop duplicate (run config, sample, strategy) keys, so stores from many machines merge.
+directory and drop duplicate (run config, sample, strategy) keys, so stores from many machines merge — but
+refuse, naming both files, when two records of one key disagree on a measurement (:func:`read_store`).
 
 The run id is ``<task slug>-<model slug>-<hash>``; the hash covers everything that determines the records
 (:mod:`kvbench.identity`), so re-running an identical config finds its directory and skips finished samples; a
@@ -11,8 +12,10 @@ kill loses at most the sample in flight. Slugs keep only ``[A-Za-z0-9_-]``, so n
 outside ``results_dir`` (the real names stay in the records).
 
 Files are written with the user's umask (not ``mkstemp``'s 0600); temporary files left by a killed run
-(``.<name>.*.tmp``) are removed by the next run. Readers skip what they cannot parse (a non-UTF-8 or non-object
-line, an unreadable parquet file) with one warning naming the file and the count, and keep every good record.
+(``.<name>.*.tmp``) are removed by the next run; a directory that cannot be written (read-only, full disk) is
+one :class:`UnwritableError` line, never a traceback, and never a half-written file. Readers skip what they
+cannot parse (a non-UTF-8 or non-object line, an unreadable or non-kvbench parquet file) with one warning naming
+the file and the count, and keep every good record.
 """
 
 from __future__ import annotations
@@ -369,7 +372,7 @@ def read_store(results_dir: str | Path) -> pd.DataFrame:
     with one warning naming them. Two records of one key are the same measurement (copies from merged
     stores; the later file's is kept) unless they disagree on a field in :func:`_agreed_fields`: then
     nothing can tell which file is right, so this refuses with one line naming both files (measurement
-    spec §5.4) rather than let a copied or forged file decide the numbers."""
+    spec §5.3) rather than let a copied or forged file decide the numbers."""
     store = Path(results_dir) / "store"
     files = sorted(store.glob("*.parquet")) if store.is_dir() else []
     frames, bad, foreign = [], [], []
