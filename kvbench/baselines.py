@@ -106,7 +106,7 @@ def load_baseline(root: Path, key_fn: Callable[[Sample], str], sample: Sample) -
         stored = json.loads(meta.get(_IDENTITY, "null"))
         if not isinstance(rec, dict) or logp.dim() != 2:
             raise ValueError("not a kvbench baseline")
-    except (SafetensorError, OSError, KeyError, ValueError, RuntimeError, struct.error) as exc:
+    except (SafetensorError, OSError, KeyError, TypeError, ValueError, RuntimeError, struct.error) as exc:
         # A torn or foreign file is recomputed (and overwritten), never trusted.
         warn(f"ignored unreadable baseline {path} ({type(exc).__name__}); recomputing it")
         return None

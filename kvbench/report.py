@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 import pandas as pd
@@ -12,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvbench.record import AGGREGATED, PAIRED, Metric
+from kvbench.results import printable
 from kvbench.spec import accuracy_delta, accuracy_interval, binary_metric
 
 BASELINE = "full"
@@ -101,14 +101,10 @@ def _fmt(v: float, spec: str) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
-# C0 and C1 control characters (ESC starts terminal sequences that retitle windows, recolour or move the cursor).
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
 def shown(value: object) -> str:
     """``value`` as console text: control characters removed and rich markup escaped, so a task or model
     name is printed as written and can neither style the table nor reach the terminal as a sequence."""
-    return escape(_CONTROL.sub("", str(value)))
+    return escape(printable(value))
 
 
 def print_table(summary: pd.DataFrame, console: Console | None = None) -> None:

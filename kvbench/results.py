@@ -59,9 +59,18 @@ TMP_SUFFIX = ".tmp"
 STALE_TMP_SECONDS = 3600
 
 
+# C0 and C1 control characters: ESC starts terminal sequences that retitle windows, recolour or move the cursor.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: object) -> str:
+    """``text`` without control characters, so a name from a config or a file can never drive the terminal."""
+    return _CONTROL.sub("", str(text))
+
+
 def warn(message: str) -> None:
-    """One warning line on stderr (the run goes on)."""
-    print(f"kvbench: warning: {message}", file=sys.stderr)
+    """One warning line on stderr (the run goes on); names in it are shown without control characters."""
+    print(f"kvbench: warning: {printable(message)}", file=sys.stderr)
 
 
 def slug(name: object, max_len: int = 40) -> str:

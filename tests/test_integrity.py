@@ -804,6 +804,11 @@ def test_console_table_shows_names_as_written(capsys):
     text = buf.getvalue()
     assert "\x1b" not in text and "\x07" not in text  # today: ESC]0;TITLE and ESC[31m reach the terminal
     assert "[bold]legal[/bold]" in text  # today: rich reads it as markup and drops it
+    from kvbench.results import warn
+
+    capsys.readouterr()
+    warn(f"skipped {hostile}.txt")  # warnings name files and config values too
+    assert capsys.readouterr().err == "kvbench: warning: skipped ]0;TITLE[31m[bold]legal[/bold][0m.txt\n"
 
 
 def _foreign_parquet(results: Path) -> Path:
