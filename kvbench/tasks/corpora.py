@@ -507,7 +507,8 @@ def load_directory(path: str | os.PathLike) -> list[Document]:
     """A user's own corpus: every ``.txt``/``.md`` file under ``path`` (recursively), sorted by path.
 
     A file that is not UTF-8 text (a NUL byte, or bytes that do not decode) is skipped with one warning naming
-    it: benchmarking on replacement characters would measure nothing the user meant.
+    it: benchmarking on replacement characters would measure nothing the user meant. So is a symlink that
+    resolves outside ``path`` (:func:`corpus_files`).
     """
     from kvbench.results import warn
 
