@@ -269,20 +269,22 @@ class RunStore:
                 fd = os.open(self.records_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
             except OSError as exc:
                 raise _unwritable(self.records_path, exc, "append to") from None
+            start = None
             try:
                 _seal_tail(fd)
                 start = os.fstat(fd).st_size
-                try:
-                    done = 0
-                    while done < len(blob):  # os.write may write less than asked (a filling disk)
-                        done += os.write(fd, blob[done:])
-                    os.fsync(fd)
-                except OSError as exc:
+                done = 0
+                while done < len(blob):  # os.write may write less than asked (a filling disk)
+                    done += os.write(fd, blob[done:])
+                os.fsync(fd)
+            except BaseException as exc:  # a full disk, or an interrupt between two partial writes
+                if start is not None:
                     os.ftruncate(fd, start)
+                if isinstance(exc, OSError):
                     raise UnwritableError(
-                        f"cannot append to {self.records_path} ({_why(exc)}); the "
-                        "sample's records were not written (the file is as before): free space and rerun to "
-                        "resume") from None
+                        f"cannot append to {self.records_path} ({_why(exc)}); the sample's records were not "
+                        "written (the file is as before): free space and rerun to resume") from None
+                raise
             finally:
                 os.close(fd)
 
