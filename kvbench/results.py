@@ -3,7 +3,8 @@
 ``results/runs/<run-id>/`` holds ``config.yaml`` (resolved), ``environment.json``, ``records.jsonl``
 (one line per (sample, strategy), appended and fsynced as each finishes) and ``summary.csv``.
 ``results/store/<run-id>.parquet`` mirrors the run's records for reports; readers concatenate the
-directory and drop duplicate (run config, sample, strategy) keys, so stores from many machines merge.
+directory and drop duplicate (run config, sample, strategy) keys, so stores from many machines merge — but
+refuse, naming both files, when two records of one key disagree on a measurement (:func:`read_store`).
 
 The run id is ``<task slug>-<model slug>-<hash>``; the hash covers everything that determines the records
 (:mod:`kvbench.identity`), so re-running an identical config finds its directory and skips finished samples; a
@@ -11,8 +12,10 @@ kill loses at most the sample in flight. Slugs keep only ``[A-Za-z0-9_-]``, so n
 outside ``results_dir`` (the real names stay in the records).
 
 Files are written with the user's umask (not ``mkstemp``'s 0600); temporary files left by a killed run
-(``.<name>.*.tmp``) are removed by the next run. Readers skip what they cannot parse (a non-UTF-8 or non-object
-line, an unreadable parquet file) with one warning naming the file and the count, and keep every good record.
+(``.<name>.*.tmp``) are removed by the next run; a directory that cannot be written (read-only, full disk) is
+one :class:`UnwritableError` line, never a traceback, and never a half-written file. Readers skip what they
+cannot parse (a non-UTF-8 or non-object line, an unreadable or non-kvbench parquet file) with one warning naming
+the file and the count, and keep every good record.
 """
 
 from __future__ import annotations
@@ -36,7 +39,14 @@ from typing import Any
 
 import pandas as pd
 
+from kvbench.errors import KVBenchError
+
 RECORD_KEY = ["config_hash", "sample_id", "strategy"]
+
+
+class UnwritableError(KVBenchError, OSError):
+    """A results file could not be written (read-only directory, full disk): one line, exit 2. An OSError
+    too, so callers that tolerate a failed write (caches) still catch it."""
 
 
 def stable_hash(obj: Any, length: int = 12) -> str:
@@ -49,9 +59,18 @@ TMP_SUFFIX = ".tmp"
 STALE_TMP_SECONDS = 3600
 
 
+# C0 and C1 control characters: ESC starts terminal sequences that retitle windows, recolour or move the cursor.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: object) -> str:
+    """``text`` without control characters, so a name from a config or a file can never drive the terminal."""
+    return _CONTROL.sub("", str(text))
+
+
 def warn(message: str) -> None:
-    """One warning line on stderr (the run goes on)."""
-    print(f"kvbench: warning: {message}", file=sys.stderr)
+    """One warning line on stderr (the run goes on); names in it are shown without control characters."""
+    print(f"kvbench: warning: {printable(message)}", file=sys.stderr)
 
 
 def slug(name: object, max_len: int = 40) -> str:
@@ -64,6 +83,21 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def apply_umask(path: Path) -> None:
+    """Give ``path`` the permissions a plain ``open``/``mkdir`` would: writers such as safetensors (0600) and
+    ``mkdtemp`` (0700) ignore the umask, which would hide a shared cache from the user's group."""
+    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def _unwritable(path: Path, exc: OSError, what: str = "write") -> UnwritableError:
+    return UnwritableError(f"cannot {what} {path} ({_why(exc)}); make "
+                           f"{path.parent} writable or choose another directory")
 
 
 def _mkstemp(path: Path) -> tuple[int, str]:
@@ -94,8 +128,12 @@ def clean_stale_tmp(directory: Path, older_than: float = STALE_TMP_SECONDS) -> l
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     """The one atomic write: ``write(tmp)`` fills a temporary file beside ``path``, which is then fsynced and
     renamed over ``path``, so a reader sees the old file or the whole new one, never a torn one. The file
-    gets the user's umask; a failed write leaves no temporary file behind."""
-    fd, tmp = _mkstemp(path)
+    gets the user's umask; a failed write leaves no temporary file behind, and an OS refusal (read-only
+    directory, full disk) is an :class:`UnwritableError` naming the path."""
+    try:
+        fd, tmp = _mkstemp(path)
+    except OSError as exc:
+        raise _unwritable(path, exc) from None
     os.close(fd)
     try:
         write(tmp)
@@ -106,8 +144,10 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and not isinstance(exc, KVBenchError):
+            raise _unwritable(path, exc) from None
         raise
 
 
@@ -162,6 +202,9 @@ class RunStore:
         self.records_path = self.dir / "records.jsonl"
 
     def init(self, config_yaml: str, env: dict[str, Any], identity: dict[str, Any] | None = None) -> None:
+        # The store is where a run's records are published at its end: proven writable before anything is
+        # measured, so a read-only store/ costs one line, not a run's worth of work.
+        _check_writable(self.root / "store")
         self.dir.mkdir(parents=True, exist_ok=True)
         for d in (self.dir, self.root / "store", self.root / "baselines"):
             clean_stale_tmp(d)
@@ -217,14 +260,31 @@ class RunStore:
         return list(out.values())
 
     def append(self, records: Iterable[dict[str, Any]]) -> None:
-        """Append records with one write and an fsync, so a sample's records land together or not at all."""
-        blob = "".join(json.dumps(r, sort_keys=True, default=_json_default) + "\n" for r in records)
+        """Append a sample's records together or not at all: written and fsynced as one unit, and on any
+        failure (a full disk) the file is cut back to where it was, so no torn sample is left behind. A
+        complete last record that lacks its newline is kept (sealed with one), a torn one dropped."""
+        blob = "".join(json.dumps(r, sort_keys=True, default=_json_default) + "\n" for r in records).encode()
         with self._locked():
-            fd = os.open(self.records_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
             try:
-                _truncate_torn_tail(fd)
-                os.write(fd, blob.encode())
+                fd = os.open(self.records_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+            except OSError as exc:
+                raise _unwritable(self.records_path, exc, "append to") from None
+            start = None
+            try:
+                _seal_tail(fd)
+                start = os.fstat(fd).st_size
+                done = 0
+                while done < len(blob):  # os.write may write less than asked (a filling disk)
+                    done += os.write(fd, blob[done:])
                 os.fsync(fd)
+            except BaseException as exc:  # a full disk, or an interrupt between two partial writes
+                if start is not None:
+                    os.ftruncate(fd, start)
+                if isinstance(exc, OSError):
+                    raise UnwritableError(
+                        f"cannot append to {self.records_path} ({_why(exc)}); the sample's records were not "
+                        "written (the file is as before): free space and rerun to resume") from None
+                raise
             finally:
                 os.close(fd)
 
@@ -236,20 +296,37 @@ class RunStore:
                 atomic_write_parquet(flatten_for_store(records), self.root / "store" / f"{self.run_id}.parquet")
 
 
-def _truncate_torn_tail(fd: int) -> None:
-    """Drop a torn final line left by a kill, in place (ftruncate keeps the inode other appenders hold)."""
+def _check_writable(directory: Path) -> None:
+    """Create ``directory`` if needed and prove a file can be made in it, else one :class:`UnwritableError`."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".kvbench-write-probe.", suffix=TMP_SUFFIX)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UnwritableError(f"{directory} is not writable ({_why(exc)}); make it writable or choose another "
+                              "results_dir=<dir>") from None
+
+
+def _seal_tail(fd: int) -> None:
+    """Make the file end at a line boundary before an append: a last line without its newline is sealed with
+    one when it is a complete record (it counted as done, so dropping it would lose it), and cut off in place
+    when it is torn by a kill (ftruncate keeps the inode other appenders hold)."""
     size = os.fstat(fd).st_size
     if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
         return
-    end = size
+    end, cut_at = size, 0
     while end > 0:
         start = max(0, end - 65536)
         cut = os.pread(fd, end - start, start).rfind(b"\n")
         if cut >= 0:
-            os.ftruncate(fd, start + cut + 1)
-            return
+            cut_at = start + cut + 1
+            break
         end = start
-    os.ftruncate(fd, 0)
+    if _parse_record(os.pread(fd, size - cut_at, cut_at)) is not None:
+        os.write(fd, b"\n")
+    else:
+        os.ftruncate(fd, cut_at)
 
 
 def _parse_record(raw: bytes) -> dict[str, Any] | None:
@@ -279,26 +356,119 @@ def flatten_for_store(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+#: Columns every store file has, and their kind; a parquet file without them is not kvbench's.
+STORE_TEXT_COLUMNS = ("config_hash", "strategy", "task", "model")
+STORE_NUMBER_COLUMNS = ("score",)
+
+
+def _agreed_fields() -> tuple[str, ...]:
+    """What two records of one key must agree on: the score and prediction, and every measured field but the
+    timings and peak memory (those vary between identical runs)."""
+    from dataclasses import fields
+
+    from kvbench.record import Record
+
+    return ("score", "prediction", *(f.name for f in fields(Record) if f.metadata["measured"]
+                                     and f.metadata["group"] != "latency" and not f.name.startswith("peak_")))
+
+
+#: Floats of one key may differ this much (relative) between stores before they count as a conflict.
+AGREE_RTOL = 1e-5
+
+
 def read_store(results_dir: str | Path) -> pd.DataFrame:
-    """Every record in ``results_dir/store``, de-duplicated by (config, sample, strategy)."""
+    """Every record in ``results_dir/store``, de-duplicated by (config, sample, strategy).
+
+    Files that cannot be read, or that lack the record key and the columns every record has, are skipped
+    with one warning naming them. Two records of one key are the same measurement (copies from merged
+    stores; the later file's is kept) unless they disagree on a field in :func:`_agreed_fields`: then
+    nothing can tell which file is right, so this refuses with one line naming both files (measurement
+    spec §5.3) rather than let a copied or forged file decide the numbers."""
     store = Path(results_dir) / "store"
     files = sorted(store.glob("*.parquet")) if store.is_dir() else []
-    frames, bad = [], []
+    frames, bad, foreign = [], [], []
     for f in files:
         try:
-            frames.append(pd.read_parquet(f))
+            df = pd.read_parquet(f)
         except Exception:  # pyarrow raises several types for truncated or foreign bytes
             bad.append(f.name)
+            continue
+        problem = _schema_problem(df)
+        if problem:
+            foreign.append(f"{f.name} ({problem})")
+        elif not df.empty:
+            frames.append(df.assign(_store_file=f.name))
     if bad:
         warn(f"skipped {len(bad)} unreadable parquet file(s) in {store}: {', '.join(bad)}")
-    frames = [f for f in frames if not f.empty]
+    if foreign:
+        warn(f"skipped {len(foreign)} parquet file(s) in {store} that hold no kvbench records: {', '.join(foreign)}")
     if not frames:
         return pd.DataFrame()
+    columns = {str(df["_store_file"].iloc[0]): set(df.columns) for df in frames}
     df = pd.concat(frames, ignore_index=True)
-    missing = [k for k in RECORD_KEY if k not in df.columns]
-    if missing:
-        return df.reset_index(drop=True)
-    return df.drop_duplicates(subset=RECORD_KEY, keep="last").reset_index(drop=True)
+    _refuse_conflicts(df, columns, store)
+    return df.drop_duplicates(subset=RECORD_KEY, keep="last").drop(columns="_store_file").reset_index(drop=True)
+
+
+def _schema_problem(df: pd.DataFrame) -> str | None:
+    from pandas.api import types
+
+    for col in (*RECORD_KEY, *STORE_TEXT_COLUMNS, *STORE_NUMBER_COLUMNS):
+        if col not in df.columns:
+            return f"no {col!r} column"
+    if df.empty:
+        return None
+    for col in STORE_TEXT_COLUMNS:
+        if not types.is_string_dtype(df[col]):
+            return f"{col!r} is not text"
+    if types.is_bool_dtype(df["score"]) or not types.is_numeric_dtype(df["score"]):
+        return "'score' is not numeric"
+    return None
+
+
+def _refuse_conflicts(df: pd.DataFrame, columns: dict[str, set[str]], store: Path) -> None:
+    """One :class:`KVBenchError` naming the files when two records of one key disagree on a measurement."""
+    dup = df[df.duplicated(subset=RECORD_KEY, keep=False)]
+    if dup.empty:
+        return
+    conflicts: list[tuple[tuple, str, Any, str, Any, str]] = []
+    for key, grp in dup.groupby(RECORD_KEY, sort=False, dropna=False):
+        rows = grp.to_dict("records")
+        for name in _agreed_fields():
+            having = [r for r in rows if name in columns[r["_store_file"]]]
+            first = next(iter(having), None)
+            other = next((r for r in having[1:] if not _same(first[name], r[name])), None) if first else None
+            if other is not None:
+                conflicts.append((key, name, first[name], first["_store_file"], other[name], other["_store_file"]))
+                break
+    if not conflicts:
+        return
+    (cfg, sample, strategy), name, a, fa, b, fb = conflicts[0]
+    pairs = sorted({" vs ".join(sorted((c[3], c[5]))) for c in conflicts})
+    raise KVBenchError(
+        f"{len(conflicts)} record(s) in {store} are stored twice with different measurements, so no table can "
+        f"pick one: e.g. {name} of sample {sample!r}, strategy {strategy!r}, config {cfg}: {a!r} in {fa} vs "
+        f"{b!r} in {fb} (files: {'; '.join(pairs[:5])}{' ...' if len(pairs) > 5 else ''}); remove the file "
+        "that is wrong (each run's runs/<run-id>/records.jsonl is its source) and rerun")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, NaN equal to NaN, floats to :data:`AGREE_RTOL`."""
+    import math
+
+    na, nb = _missing(a), _missing(b)
+    if na or nb:
+        return na and nb
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(float(a), float(b), rel_tol=AGREE_RTOL, abs_tol=1e-12)
+    return a == b
+
+
+def _missing(v: Any) -> bool:
+    try:
+        return v is None or bool(pd.isna(v))
+    except (TypeError, ValueError):  # arrays and other non-scalars
+        return False
 
 
 # ------------------------------------------------------------------------------------------ concurrent workers

@@ -13,6 +13,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench import SPEC_VERSION
+from kvbench.baselines import BaselineKey
 from kvbench.engine import Engine, check_lengths, run_samples
 from kvbench.errors import KVBenchError
 from kvbench.models import load_model
@@ -124,9 +125,7 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
         "task_digest": task_inputs.get("digest"), "hardware_digest": hardware_digest,
     }, working_copy=bool(cfg.engine.working_copy))
 
-    def baseline_key(sample: Sample) -> str:
-        return stable_hash({**determinants, "sample": sample.sample_id})
-
+    baseline_key = BaselineKey(determinants, lm.model)
     baseline_dir = _inside(results_dir / "baselines", results_dir) if cfg.engine.reuse_baseline else None
     with ActiveWorker(results_dir) as worker:
         claims = SampleClaims(store, labels, worker)

@@ -304,7 +304,8 @@ def test_run_store_refuses_unsafe_ids(tmp_path):
 
 
 def _rec(sample: str, strategy: str, **extra) -> dict:
-    return {"config_hash": "h", "sample_id": sample, "strategy": strategy, "score": 1.0, **extra}
+    return {"config_hash": "h", "sample_id": sample, "strategy": strategy, "task": "t", "model": "m", "score": 1.0,
+            **extra}
 
 
 def test_records_skip_non_utf8_and_non_object_lines_with_one_warning(tmp_path, capsys):
@@ -569,3 +570,339 @@ def test_store_frame_round_trip_unchanged(tmp_path):
     store.append([_rec(f"s{i}", "full") for i in range(3)])
     store.write_outputs(pd.DataFrame())
     assert len(read_store(tmp_path)) == 3
+
+
+# ===================================================== issue 25: forged files, a corpus symlink, a cut record
+
+
+def _baselines(results: Path) -> dict[str, Path]:
+    """The stored baseline files by the sample id their record names."""
+    from safetensors import safe_open
+
+    out = {}
+    for f in sorted((results / "baselines").glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as fh:
+            out[json.loads(fh.metadata()["record"])["sample_id"]] = f
+    return out
+
+
+def _rewrite_baseline(path: Path, record=None, logp=None) -> None:
+    """Rewrite a stored baseline as a well-formed safetensors file, its record and tensor edited."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as fh:
+        meta, tensor = dict(fh.metadata()), fh.get_tensor("logp")
+    if record is not None:
+        rec = json.loads(meta["record"])
+        record(rec)
+        meta["record"] = json.dumps(rec)
+    save_file({"logp": tensor if logp is None else logp(tensor)}, str(path), metadata=meta)
+
+
+def _forge_score(files: dict[str, Path]) -> int:
+    for f in files.values():
+        _rewrite_baseline(f, record=lambda r: r.update(score=1.0, prediction="FORGED"))
+    return 2
+
+
+def _copy_other_sample(files: dict[str, Path]) -> int:
+    first, second = sorted(files)
+    files[second].write_bytes(files[first].read_bytes())  # q1's baseline at q2's key
+    return 1
+
+
+def _wrong_shape(files: dict[str, Path]) -> int:
+    for f in files.values():
+        _rewrite_baseline(f, logp=lambda t: torch.zeros(7, t.shape[1]))
+    return 2
+
+
+@pytest.mark.parametrize("forge, expected", [
+    (_forge_score, "does not follow from its prediction 'FORGED'"),
+    (_copy_other_sample, "its sample_id is 'jsonl/q1', this run's is 'jsonl/q2'"),
+    (_wrong_shape, "its log-probs have shape [7, 256]"),
+])
+def test_forged_or_misplaced_baseline_is_ignored_and_recomputed(capsys, tmp_path, qa, forge, expected):
+    results = tmp_path / "results"
+    code, _, out = kvbench(capsys, *_base(results, qa))
+    assert code == 0
+    truth = {r["sample_id"]: r["score"] for r in _records(_run_dir(out)) if r["strategy"] == "full"}
+    n_forged = forge(_baselines(results))
+    # today: the forged score becomes the `full` record; a wrong shape is a RuntimeError traceback
+    code, err, out = kvbench(capsys, *_base(results, qa, "strategy=int4"))
+    assert code == 0, err
+    ignored = [ln for ln in err if "ignored baseline" in ln]
+    assert len(ignored) == n_forged == len(err) and expected in ignored[0], err
+    full = {r["sample_id"]: r for r in _records(_run_dir(out)) if r["strategy"] == "full"}
+    assert {s: r["score"] for s, r in full.items()} == truth
+    assert sum(not r.get("baseline_reused") for r in full.values()) == n_forged
+    assert kvbench(capsys, *_base(results, qa, "strategy=fp8"))[1] == []  # rewritten: trusted again
+
+
+def test_records_name_the_baseline_file_they_rest_on(capsys, tmp_path, qa):
+    import hashlib
+
+    results = tmp_path / "results"
+    _, _, out = kvbench(capsys, *_base(results, qa))
+    assert {r["baseline_sha256"] for r in _records(_run_dir(out))} == {None}  # computed fresh
+    sha = {s: hashlib.sha256(f.read_bytes()).hexdigest() for s, f in _baselines(results).items()}
+    code, err, out = kvbench(capsys, *_base(results, qa, "strategy=int4"))
+    recs = _records(_run_dir(out))
+    assert code == 0 and {r["strategy_name"] for r in recs} == {"full", "int4"} and len(recs) == 4
+    assert all(r["baseline_sha256"] == sha[r["sample_id"]] for r in recs)  # today: no such field
+
+
+def _forged_store(results: Path, store_dir: Path, edit) -> Path:
+    shutil.copytree(store_dir, results)
+    real = sorted((results / "store").glob("*.parquet"))[0]
+    rows = pd.read_parquet(real)
+    forged = results / "store" / "zz-forged.parquet"
+    edit(rows[rows["strategy"] != "full"].copy()).to_parquet(forged, index=False)
+    return real
+
+
+def test_conflicting_duplicate_records_refuse_the_leaderboard(capsys, tmp_path, store_dir):
+    from kvbench import leaderboard
+
+    results = tmp_path / "results"
+    real = _forged_store(results, store_dir, lambda df: df.assign(score=1.0))
+    before = _files(results)
+    capsys.readouterr()
+    code = leaderboard.main(["--results-dir", str(results)])  # today: 0, every delta forged to +100 pp
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2 and len(err) == 1, err
+    assert "stored twice with different measurements" in err[0] and "score" in err[0]
+    assert real.name in err[0] and "zz-forged.parquet" in err[0]
+    assert _files(results) == before  # nothing written
+
+
+@pytest.mark.parametrize("edit", [lambda df: df, lambda df: df.assign(prefill_s=df["prefill_s"] * 3)])
+def test_duplicates_that_agree_on_every_measurement_merge(capsys, tmp_path, store_dir, edit):
+    results = tmp_path / "results"
+    _forged_store(results, store_dir, edit)  # a copy, or another machine's timings of the same records
+    assert len(read_store(results)) == len(read_store(store_dir))
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_custom_corpus_symlink_out_of_the_corpus_is_skipped(capsys, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:x:0:0:root:/root:/bin/bash\n" * 40)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "good.txt").write_text("The harbour master kept a ledger of every ship. " * 200)
+    (corpus / "inside.txt").symlink_to(corpus / "good.txt")  # a link inside the corpus is fine
+    (corpus / "leak.txt").symlink_to(secret)
+    digest = identity.task_digest("custom", {"corpus": str(corpus)})["digest"]
+    secret.write_text("edited\n" * 40)
+    assert identity.task_digest("custom", {"corpus": str(corpus)})["digest"] == digest  # not hashed either
+    results = tmp_path / "results"
+    args = [a for a in _base(results, None) if not a.startswith("task.context_tokens")]
+    code, err, out = kvbench(capsys, *args, "task=custom", f"task.corpus={corpus}", "task.context_tokens=1024")
+    assert code == 0 and len(err) == 1 and "skipped 1 symlink(s) that resolve outside" in err[0], err
+    assert "leak.txt" in err[0]
+    text = (_run_dir(out) / "records.jsonl").read_text()
+    assert "leak.txt" not in text and "root:x" not in text and "edited" not in text  # today: the secret is a doc
+
+
+def test_complete_last_record_without_newline_is_kept_on_resume(capsys, tmp_path, qa):
+    results = tmp_path / "results"
+    code, _, out = kvbench(capsys, *_base(results, qa, "engine.max_new_samples=1"))
+    path = _run_dir(out) / "records.jsonl"
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))  # a copy tool or editor dropped the final newline
+    code, err, out = kvbench(capsys, *_base(results, qa, "engine.max_new_samples=1"))
+    assert code == 0 and err == []
+    lines = path.read_bytes().split(b"\n")
+    assert lines[-1] == b"" and all(json.loads(x) for x in lines[:-1])
+    recs = _records(_run_dir(out))  # today: 3 records, q1's int8 cut off by the next append
+    assert sorted((r["sample_id"], r["strategy_name"]) for r in recs) == \
+        [("jsonl/q1", "full"), ("jsonl/q1", "int8"), ("jsonl/q2", "full"), ("jsonl/q2", "int8")]
+
+
+def test_model_directory_removed_after_loading_keeps_its_identity(capsys, tmp_path, qa, checkpoint, monkeypatch):
+    from kvbench import runner
+
+    args = ("model=local", "model.dtype=float32")
+    results = tmp_path / "results"
+    code, _, out = kvbench(capsys, *_base(results, qa, *args, f"model.path={checkpoint}"))
+    assert code == 0
+    expected = _records(_run_dir(out))[0]["model_digest"]
+    doomed = tmp_path / "doomed"
+    shutil.copytree(checkpoint, doomed)
+    original = runner.load_model
+
+    def load_then_vanish(*a, **kw):
+        lm = original(*a, **kw)
+        shutil.rmtree(doomed)  # another process cleans the cache between the load and the digest
+        return lm
+
+    monkeypatch.setattr(runner, "load_model", load_then_vanish)
+    code, err, out2 = kvbench(capsys, *_base(results, qa, *args, f"model.path={doomed}"))
+    assert code == 0, err
+    assert _records(_run_dir(out2))[0]["model_digest"] == expected  # today: a digest of the in-memory weights
+    assert _run_dir(out2) == _run_dir(out)  # the same run, resumed
+
+
+def test_model_directory_changed_while_loading_is_one_line(tmp_path, checkpoint, monkeypatch):
+    import transformers
+
+    moving = tmp_path / "moving"
+    shutil.copytree(checkpoint, moving)
+    original = transformers.AutoModelForCausalLM.from_pretrained
+
+    def load_then_edit(*a, **kw):
+        model = original(*a, **kw)
+        (moving / "config.json").write_text((moving / "config.json").read_text() + "\n")
+        return model
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", load_then_edit)
+    with pytest.raises(KVBenchError) as exc:  # today: loads, and the digest names the edited files
+        models.load_model("local", path=str(moving))
+    assert "changed while the model was loaded" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_full_disk_never_leaves_half_a_sample(capsys, tmp_path, qa, monkeypatch):
+    import errno
+
+    results = tmp_path / "results"
+    code, _, out = kvbench(capsys, *_base(results, qa, "engine.max_new_samples=1"))
+    path = _run_dir(out) / "records.jsonl"
+    before = path.read_bytes()
+    real_write = os.write
+    calls = []
+
+    def filling_disk(fd, data):  # the kernel's behaviour on a filling disk: a short write, then ENOSPC
+        if not os.readlink(f"/proc/self/fd/{fd}").endswith("records.jsonl"):
+            return real_write(fd, data)
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", filling_disk)
+    code, err, _ = kvbench(capsys, *_base(results, qa))
+    monkeypatch.undo()
+    assert code == 2 and len(err) == 1 and "No space left on device" in err[0], err  # today: exit 0
+    assert "records were not written" in err[0] and "Traceback" not in err[0]
+    assert path.read_bytes() == before  # today: q2's records cut in half
+    code, err, _ = kvbench(capsys, *_base(results, qa))
+    assert code == 0 and len(_records(_run_dir(out))) == 4  # the next run resumes cleanly
+
+
+def test_console_table_shows_names_as_written(capsys):
+    import io
+
+    from rich.console import Console
+
+    from kvbench.report import SUMMARY_COLUMNS, print_table
+
+    hostile = "\x1b]0;TITLE\x07\x1b[31m[bold]legal[/bold]\x1b[0m"
+    row = dict.fromkeys(SUMMARY_COLUMNS, 0.5) | {"task": hostile, "strategy": "full", "family": "baseline",
+                                                 "n": 3, "spec_version": "1.1\x1b[2J", "delta_method": "x"}
+    buf = io.StringIO()
+    print_table(pd.DataFrame([row], columns=SUMMARY_COLUMNS), Console(file=buf, width=300, color_system=None))
+    text = buf.getvalue()
+    assert "\x1b" not in text and "\x07" not in text  # today: ESC]0;TITLE and ESC[31m reach the terminal
+    assert "[bold]legal[/bold]" in text  # today: rich reads it as markup and drops it
+    from kvbench.results import warn
+
+    capsys.readouterr()
+    warn(f"skipped {hostile}.txt")  # warnings name files and config values too
+    assert capsys.readouterr().err == "kvbench: warning: skipped ]0;TITLE[31m[bold]legal[/bold][0m.txt\n"
+
+
+def _foreign_parquet(results: Path) -> Path:
+    p = results / "store" / "zz-foreign.parquet"
+    pd.DataFrame({"user": ["a", "b"], "clicks": [3, 4]}).to_parquet(p, index=False)
+    return p
+
+
+def test_foreign_schema_parquet_is_skipped_with_one_line(capsys, tmp_path, store_dir):
+    from kvbench import leaderboard
+
+    results = tmp_path / "results"
+    shutil.copytree(store_dir, results)
+    _foreign_parquet(results)
+    (results / "store" / "zz-keys-only.parquet").write_bytes(
+        pd.DataFrame({"config_hash": ["x"], "sample_id": ["s"], "strategy": ["full"]}).to_parquet(index=False))
+    capsys.readouterr()
+    code = leaderboard.main(["--results-dir", str(results), "--out-dir", str(tmp_path / "lb")])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert code == 0, err  # today: TypeError traceback
+    assert len(err) == 1 and "skipped 2 parquet file(s)" in err[0] and "zz-foreign.parquet" in err[0]
+    assert (tmp_path / "lb" / "leaderboard.md").is_file() and (results / "store" / "zz-foreign.parquet").exists()
+
+
+@pytest.fixture
+def read_only():
+    """``read_only(path)`` makes a directory unwritable, also for root (chmod, else the immutable flag)."""
+    import subprocess
+
+    made: list[tuple[Path, bool]] = []
+
+    def make(path: Path) -> Path:
+        path.chmod(0o555)
+        immutable = False
+        if os.access(path, os.W_OK):  # root ignores permission bits
+            immutable = subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+            if not immutable:
+                path.chmod(0o755)
+                pytest.skip("cannot make a directory read-only here (root without chattr)")
+        made.append((path, immutable))
+        return path
+
+    yield make
+    for path, immutable in made:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        path.chmod(0o755)
+
+
+def test_read_only_store_is_one_line_before_measuring(capsys, tmp_path, qa, read_only):
+    results = tmp_path / "results"
+    code, _, out = kvbench(capsys, *_base(results, qa))
+    before = {p: p.read_bytes() for p in results.rglob("*") if p.is_file()}
+    read_only(results / "store")
+    code, err, _ = kvbench(capsys, *_base(results, qa, "strategy=int4"))  # today: OSError traceback at the end
+    assert code == 2 and len(err) == 1 and "store is not writable" in err[0], err
+    assert {p: p.read_bytes() for p in results.rglob("*") if p.is_file()} == before
+    assert len(list((results / "runs").iterdir())) == 1  # nothing measured
+
+
+def test_leaderboard_into_a_read_only_results_dir_is_one_line(capsys, tmp_path, store_dir, read_only):
+    from kvbench import leaderboard
+
+    results = tmp_path / "results"
+    shutil.copytree(store_dir, results)
+    before = _files(results)
+    read_only(results)
+    capsys.readouterr()
+    code = leaderboard.main(["--results-dir", str(results)])  # today: PermissionError traceback
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2 and len(err) == 1 and f"cannot write {results / 'leaderboard.md'}" in err[0], err
+    assert _files(results) == before
+
+
+def test_shared_cache_respects_the_umask(tmp_path, monkeypatch, checkpoint):
+    import transformers
+
+    from kvbench.tasks import corpora
+
+    monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "embedded_gguf_dir", lambda: checkpoint)
+    tiny = transformers.AutoModelForCausalLM.from_pretrained(checkpoint)
+    tok = transformers.AutoTokenizer.from_pretrained(checkpoint)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: tiny)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: tok)
+    doc = corpora.Document(doc_id="d1", domain="legal", title="t", text="words " * 10, source="s",
+                           licence="l", form="prose")
+    corpora.corpora_dir().mkdir(parents=True)
+    old = os.umask(0o027)
+    try:
+        target = models.converted_smollm2_dir()
+        corpora._write_cache("legal", [doc])
+    finally:
+        os.umask(old)
+    written = [target, *target.iterdir(), corpora.corpora_dir() / "legal", *(corpora.corpora_dir() / "legal").iterdir()]
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in written}
+    assert modes == {p.name: oct(0o750 if p.is_dir() else 0o640) for p in written}  # today: 0600 and 0700

@@ -431,7 +431,10 @@ def _load_cached(domain: str) -> list[Document] | None:
 
 def _write_cache(domain: str, docs: list[Document]) -> None:
     root = corpora_dir() / domain
+    from kvbench.results import apply_umask
+
     tmp = Path(tempfile.mkdtemp(prefix=f".{domain}-", dir=corpora_dir()))
+    apply_umask(tmp)  # mkdtemp's 0700 would hide the shared cache from the user's group
     entries = []
     for doc in docs:
         data = doc.text.encode("utf-8")
@@ -487,11 +490,25 @@ def manifest(domain: str) -> dict:
 CORPUS_SUFFIXES = (".txt", ".md")
 
 
+def corpus_files(root: Path) -> tuple[list[Path], list[str]]:
+    """The ``.txt``/``.md`` files of a corpus directory, sorted, and (relative names) the symlinks among them
+    that resolve outside it: those are never read, or a link could put any file of the machine into prompts."""
+    inside = root.resolve()
+    files, outside = [], []
+    for p in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in CORPUS_SUFFIXES):
+        if p.resolve().is_relative_to(inside):
+            files.append(p)
+        else:
+            outside.append(p.relative_to(root).as_posix())
+    return files, outside
+
+
 def load_directory(path: str | os.PathLike) -> list[Document]:
     """A user's own corpus: every ``.txt``/``.md`` file under ``path`` (recursively), sorted by path.
 
     A file that is not UTF-8 text (a NUL byte, or bytes that do not decode) is skipped with one warning naming
-    it: benchmarking on replacement characters would measure nothing the user meant.
+    it: benchmarking on replacement characters would measure nothing the user meant. So is a symlink that
+    resolves outside ``path`` (:func:`corpus_files`).
     """
     from kvbench.results import warn
 
@@ -499,7 +516,11 @@ def load_directory(path: str | os.PathLike) -> list[Document]:
     if not root.is_dir():
         raise KVBenchError(f"task.corpus={str(path)!r} is not a directory; point it at a folder of .txt/.md files")
     docs, binary = [], []
-    for file in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in CORPUS_SUFFIXES):
+    files, outside = corpus_files(root)
+    if outside:
+        warn(f"task.corpus: skipped {len(outside)} symlink(s) that resolve outside {root}: "
+             f"{', '.join(outside[:5])}" + (" ..." if len(outside) > 5 else ""))
+    for file in files:
         rel = file.relative_to(root).as_posix()
         data = file.read_bytes()
         try:
