@@ -41,6 +41,7 @@ from kvbench.models import LoadedModel
 from kvbench.record import Record, StrategyResult
 from kvbench.spec import PeakMemory, Timer, fidelity, median, memory_reduction
 from kvbench.tasks.base import Sample
+from kvbench.tasks.metrics import normalize
 from kvbench.tasks.metrics import score as task_score
 from strategies.base import LayerCapture, RunContext, Strategy
 
@@ -242,7 +243,7 @@ class Engine:
                 sub = [caches[i] for i in decode]
                 cache = _batched(sub)
                 with attached(cache, self.model, strategy), PeakMemory(self.device) as peak:
-                    stops = [self._line_end if samples[i].stop_at_newline else None for i in decode]
+                    stops = [self._stop_for(samples[i]) for i in decode]
                     out = self.greedy(cache, [queries[i] for i in decode],
                                       [samples[i].max_new_tokens for i in decode], stop=stops)
                 for i, g, c in zip(decode, out, sub, strict=True):
@@ -389,12 +390,31 @@ class Engine:
         return gens[0] if single else gens
 
 
-    def _line_end(self, tokens: list[int]) -> bool:
-        """The reply has ended its first line: a newline after some non-space text. Needle answers are one
-        line, so what a model writes after it cannot be the answer (checked on every committed v1.1 record:
-        no prediction's score changes when cut at that point); decoding stops there instead of running on
-        to ``max_new_tokens``."""
-        return "\n" in self.lm.tokenizer.decode(tokens, skip_special_tokens=True).lstrip()
+    def _stop_for(self, sample: Sample) -> StopFn | None:
+        """When greedy decoding of ``sample`` may end before ``max_new_tokens`` without changing its score.
+
+        ``substring``: once a gold answer occurs in the reply up to its last whitespace. Normalisation works
+        within whitespace-separated words (numbers, punctuation and articles never join across a space), so
+        whatever follows cannot undo that match: the score is already 1 and final. Wrong replies are never
+        cut this way. ``stop_at_newline`` (one-line answers) also ends at the first line's end: what a model
+        writes after a one-line answer cannot be the answer (on every committed v1.1 record, no prediction's
+        score changes when cut there)."""
+        # A tokenizer that cleans up spaces on decode (" ," -> ",") could join later text onto a finished word.
+        settle = sample.metric == "substring" and not getattr(self.lm.tokenizer, "clean_up_tokenization_spaces", False)
+        if not settle and not sample.stop_at_newline:
+            return None
+        answers = [f" {a} " for a in (normalize(x) for x in sample.answers) if a]
+
+        def stop(tokens: list[int]) -> bool:
+            text = self.lm.tokenizer.decode(tokens, skip_special_tokens=True)
+            if sample.stop_at_newline and "\n" in text.lstrip():
+                return True
+            if not settle:
+                return False
+            done = text[:max((i for i, c in enumerate(text) if c.isspace()), default=0)]
+            return any(a in f" {normalize(done)} " for a in answers)
+
+        return stop
 
 
 StopFn = Callable[[list[int]], bool]

@@ -169,3 +169,37 @@ def test_questions_per_context_needs_the_query_agnostic_setting(tmp_path):
         _custom_samples(tmp_path, query_aware=True)
     with pytest.raises(KVBenchError, match="questions_per_context must be >= 1"):
         _custom_samples(tmp_path, questions_per_context=0)
+
+
+# -- stopping a reply early never changes its score ---------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from kvbench.tasks.metrics import score as task_score  # noqa: E402
+
+PIECES = ["45", "450", "1", ",", "000", ".", "3", " ", "  ", "\n", "US$", "days", "the", "a", "-", "250", "'s", "!"]
+
+
+class _PieceTokenizer:
+    """Token i decodes to PIECES[i]: replies built from the pieces that make normalisation non-local."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(PIECES[i] for i in ids)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, len(PIECES) - 1), min_size=1, max_size=14),
+       st.sampled_from(["45", "250,000", "1,000", "45 days", "3.1", "45.3"]), st.booleans())
+def test_an_early_stop_never_changes_the_score(tokens, answer, newline):
+    engine = Engine(LoadedModel("pieces", None, _PieceTokenizer()))
+    sample = Sample(sample_id="s", prefix_ids=[1], query_ids=[1], gold_ids=[1], answers=[answer],
+                    metric="substring", stop_at_newline=newline)
+    stop = engine._stop_for(sample)
+    full = _PieceTokenizer().decode(tokens)
+    for k in range(1, len(tokens) + 1):
+        if stop(tokens[:k]):
+            cut = _PieceTokenizer().decode(tokens[:k])
+            if not (newline and "\n" in cut.lstrip()):  # the settled rule: the score is already final
+                assert task_score("substring", cut, [answer]) == task_score("substring", full, [answer]) == 1.0
+            break
