@@ -584,3 +584,71 @@ def load_directory(path: str | os.PathLike) -> list[Document]:
     if binary:
         warn(f"task.corpus: skipped {skipped}")
     return docs
+
+
+# ---------------------------------------------------------------------------------------------
+# Report: documents available per task, and used by the records of a results store
+
+
+def pool_summary(domain: str) -> dict[str, object]:
+    """Documents and works of a built-in pool, their total and shortest length, and the archives they are from."""
+    docs = load_corpus(domain)
+    return {"task": domain, "documents": len(docs), "works": len({d.work for d in docs}),
+            "chars": sum(len(d.text) for d in docs), "shortest_chars": min(len(d.text) for d in docs),
+            "archives": ", ".join(f"{k}=={ARCHIVES[k].version}" for k in DOMAIN_ARCHIVES[domain])}
+
+
+def primary_document_of(record: dict[str, object]) -> str:
+    """A record's primary document: ``document_id``, else ``sample_meta.document_id``, else the first of
+    ``sample_meta.source_docs`` (records written before document ids), else the sample id."""
+    if isinstance(record.get("document_id"), str) and record["document_id"]:  # NaN in a store without it
+        return str(record["document_id"])
+    meta = record.get("sample_meta")
+    meta = json.loads(meta) if isinstance(meta, str) else meta if isinstance(meta, dict) else {}
+    first = meta.get("document_id") or (meta.get("source_docs") or [None])[0]
+    return str(first or record.get("sample_id"))
+
+
+def documents_used(results_dir: str | os.PathLike) -> dict[str, dict[str, int]]:
+    """Per task in ``results_dir/store``: distinct samples and distinct primary documents they use."""
+    from kvbench.results import read_store
+
+    df = read_store(results_dir)
+    out: dict[str, dict[str, int]] = {}
+    if df.empty or "task" not in df.columns:
+        return out
+    for task, group in df.groupby("task"):
+        rows = group.drop_duplicates("sample_id").to_dict("records")
+        out[str(task)] = {"samples": len(rows), "documents": len({primary_document_of(r) for r in rows})}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kvbench.tasks.corpora [--results DIR]``: per task, documents available (and used)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m kvbench.tasks.corpora",
+                                     description="Documents available per built-in task pool, and used by a store.")
+    parser.add_argument("--results", help="a results directory whose store/ records to count documents in")
+    args = parser.parse_args(argv)
+    if args.results and not (Path(args.results) / "store").is_dir():
+        print(f"kvbench: error: --results {args.results!r} has no store/ directory", file=sys.stderr)
+        return 2
+    used = documents_used(args.results) if args.results else {}
+    print("| task | documents | works | characters | shortest | used (samples) | archives |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for domain in DOMAINS:
+        s = pool_summary(domain)
+        u = used.get(domain)
+        use = f"{u['documents']} ({u['samples']})" if u else "-"
+        print(f"| {domain} | {s['documents']} | {s['works']} | {s['chars']:,} | {s['shortest_chars']:,} | {use} | "
+              f"{s['archives']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main())
+    except KVBenchError as exc:
+        print(f"kvbench: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
