@@ -147,7 +147,7 @@ def test_dedupe_drops_near_duplicates_and_contained_texts():
 # ------------------------------------------------------------------------------ the real corpora
 
 
-@pytest.mark.parametrize("domain, min_docs, min_works", [("legal", 300, 300), ("papers", 20, 7),
+@pytest.mark.parametrize("domain, min_docs, min_works", [("legal", 300, 300), ("papers", 200, 110),
                                                         ("fiction", 200, 40)])
 def test_real_corpora_have_provenance(domain, min_docs, min_works):
     docs = corpora.load_corpus(domain)
@@ -165,8 +165,11 @@ def test_real_corpora_have_provenance(domain, min_docs, min_works):
     assert "<p>" not in texts and "</sec>" not in texts
     if domain == "papers":
         assert all(corpora.open_licence(d.licence) or d.work == "gutenberg:lcet10" for d in docs)
-        assert "pmc:mds526" not in {d.doc_id for d in docs}  # CC-BY-NC: excluded
-    if domain != "legal":  # every part is longer than the 4,096-token contexts the tasks use
+        works = {d.work for d in docs}
+        assert "pmc:mds526" not in works and "plos:pmed.1001080" not in works  # CC-BY-NC, WHO terms: excluded
+        assert "plos:pone.0097541" not in works  # a correction notice, not a paper
+        assert min(len(d.text) for d in docs) >= corpora.MIN_ARTICLE_CHARS
+    if domain == "fiction":  # every part is longer than the 4,096-token contexts the task is used at
         assert min(len(d.text) for d in docs) >= corpora.MIN_PART_CHARS
     if domain == "fiction":
         works = {d.work for d in docs}

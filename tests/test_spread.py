@@ -30,16 +30,18 @@ def _assert_spread(primaries: list[str], n_docs: int) -> None:
 
 @pytest.mark.parametrize("n_docs, n", [(7, 3), (7, 7), (7, 20), (30, 95)])
 def test_primary_documents_follow_the_spread_rule(n_docs, n):
-    primaries = [str(primary_document(n_docs, i, "fiction:0")) for i in range(n)]
+    works = [f"w{k % 4}" for k in range(n_docs)]  # parts of 4 works
+    primaries = [str(primary_document(works, i, "fiction:0")) for i in range(n)]
     _assert_spread(primaries, n_docs)
-    assert sorted(spread_order(n_docs, "fiction:0")) == list(range(n_docs))
-    assert spread_order(n_docs, "fiction:0") != spread_order(n_docs, "fiction:1")  # the seed reorders
+    assert len({works[int(p)] for p in primaries[:4]}) == min(4, n)  # every work before a second part of any
+    assert sorted(spread_order(works, "fiction:0")) == list(range(n_docs))
+    assert spread_order(works, "fiction:0") != spread_order(works, "fiction:1")  # the seed reorders
 
 
 def test_draw_filler_starts_in_the_primary_document_then_adds_others():
     tok, docs = ByteTokenizer(), _docs(5, chars=300)
     f = draw_filler(tok, docs, random.Random(0), 1000, random_start=False, index=3, spread_key="k")
-    assert f.document_id == docs[primary_document(5, 3, "k")].doc_id
+    assert f.document_id == docs[primary_document([d.work for d in docs], 3, "k")].doc_id
     ids = [s["doc_id"] for s in f.sources]
     assert len(ids) > 1 and len(set(ids)) == len(ids)  # too short alone: concatenated, no repeats
     assert len(f.ids) == 1000

