@@ -147,25 +147,36 @@ def test_dedupe_drops_near_duplicates_and_contained_texts():
 # ------------------------------------------------------------------------------ the real corpora
 
 
-@pytest.mark.parametrize("domain, min_docs", [("legal", 200), ("papers", 5), ("fiction", 4)])
-def test_real_corpora_have_provenance(domain, min_docs):
+@pytest.mark.parametrize("domain, min_docs, min_works", [("legal", 300, 300), ("papers", 200, 110),
+                                                        ("fiction", 200, 40)])
+def test_real_corpora_have_provenance(domain, min_docs, min_works):
     docs = corpora.load_corpus(domain)
-    assert len(docs) >= min_docs
+    assert len(docs) >= min_docs and len({d.work for d in docs}) >= min_works
+    assert len({d.doc_id for d in docs}) == len(docs)
     man = corpora.manifest(domain)
     assert man["extractor_version"] == corpora.EXTRACTOR_VERSION
     for name in corpora.DOMAIN_ARCHIVES[domain]:
         assert man["archives"][name]["sha256"] == corpora.ARCHIVES[name].sha256
     for entry in man["documents"]:
-        assert entry["licence"] and entry["source"] and len(entry["sha256"]) == 64
+        assert entry["licence"] and entry["source"] and entry["work"] and len(entry["sha256"]) == 64
     texts = " ".join(d.text[:3000] + d.text[-3000:] for d in docs)
     if domain != "legal":  # the legal corpus rightly holds the Project Gutenberg licence itself
         assert "PROJECT GUTENBERG" not in texts.upper()
     assert "<p>" not in texts and "</sec>" not in texts
     if domain == "papers":
-        assert all(corpora.open_licence(d.licence) or d.doc_id == "gutenberg:lcet10" for d in docs)
-        assert "pmc:mds526" not in {d.doc_id for d in docs}  # CC-BY-NC: excluded
+        assert all(corpora.open_licence(d.licence) or d.work == "gutenberg:lcet10" for d in docs)
+        works = {d.work for d in docs}
+        assert "plos:pmed.1001080" not in works  # WHO terms forbid commercial use: excluded
+        assert "plos:pone.0097541" not in works  # a correction notice, not a paper
+        assert min(len(d.text) for d in docs) >= corpora.MIN_ARTICLE_CHARS
+    if domain == "fiction":  # every part is longer than the 4,096-token contexts the task is used at
+        assert min(len(d.text) for d in docs) >= corpora.MIN_PART_CHARS
     if domain == "fiction":
-        assert {"gutenberg:botchan", "gutenberg:alice29"} <= {d.doc_id for d in docs}
+        works = {d.work for d in docs}
+        assert {"gutenberg:botchan", "gutenberg:alice29", "gutenberg:plrabn12", "shakespeare:hamlet"} <= works
+        assert not any("sonnets" in w or w.endswith("_f") for w in works)  # plays only, no Folio duplicates
+        hamlet = [d for d in docs if d.work == "shakespeare:hamlet"]
+        assert len(hamlet) > 1 and hamlet[0].text.startswith("HAMLET, PRINCE OF DENMARK")
 
 
 def test_corrupt_corpus_file_is_rebuilt(tmp_path, monkeypatch):

