@@ -426,9 +426,12 @@ def context_of(sample: Sample) -> str:
 
 
 def document_of(sample: Sample) -> str:
-    """The document a sample's context comes from: the task's ``document_id``, else its first source
-    document, else (no document, e.g. a JSON Lines row) the context itself."""
+    """The document a sample's context comes from, the unit intervals cluster on: the whole work (a part cut
+    from a long article or play counts as its work, ``work_id``), else the task's ``document_id``, else its
+    first source document, else (no document, e.g. a JSON Lines row) the context itself."""
     meta = sample.metadata
+    if meta.get("work_id"):
+        return str(meta["work_id"])
     if meta.get("document_id"):
         return str(meta["document_id"])
     sources = meta.get("source_docs") or []

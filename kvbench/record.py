@@ -40,8 +40,8 @@ class Record:
     sample_id: str = _f("identity", "the task's id of the sample (one question)")
     context_id: str = _f("identity", "the prefilled context the question was asked of (questions sharing one "
                                      "prefill and compression share it; the cluster of spec §2.3)")
-    document_id: str = _f("identity", "the document the context is drawn from (its first source document; "
-                                      "the outer cluster of spec §2.3)")
+    document_id: str = _f("identity", "the work the context is drawn from (its first source document's whole "
+                                      "work: parts of one article share it; the outer cluster of spec §2)")
     strategy: str = _f("identity", "strategy label: name plus its parameters")
     strategy_name: str = _f("identity", "registry name of the strategy")
     family: str = _f("identity", "strategy family (baseline, quantization, eviction, ...)")

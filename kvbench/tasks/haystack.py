@@ -37,6 +37,12 @@ class Filler:
         """The primary document: the one the filler starts in."""
         return self.sources[0]["doc_id"]
 
+    @property
+    def work_id(self) -> str:
+        """The whole work the primary document was cut from (itself when it is a whole work): parts of one
+        article or play are not independent, so intervals cluster on the work (spec §2)."""
+        return self.sources[0].get("work") or self.document_id
+
     def truncate(self, n_tokens: int) -> Filler:
         """The first ``n_tokens`` ids, with the sources that still contribute to them."""
         return Filler(self.ids[:n_tokens], [s for s in self.sources if s["token_start"] < n_tokens])
@@ -119,7 +125,7 @@ def draw_filler(tokenizer: Any, docs: Sequence[Document], rng: random.Random, n_
             window *= 2
         if ids:
             ids.extend(sep)
-        sources.append({"doc_id": doc.doc_id, "char_start": start, "token_start": len(ids)})
+        sources.append({"doc_id": doc.doc_id, "work": doc.work, "char_start": start, "token_start": len(ids)})
         ids.extend(piece[: max(0, n_tokens - len(ids))])
     return Filler(ids=ids[:n_tokens], sources=sources)
 

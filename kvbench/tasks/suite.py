@@ -178,7 +178,7 @@ def retrieval_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, doc
                 "distractor_values": [d.value for d in distractors],
                 "needle_family": family, "needle_key": needle.key, "needle_text": needle.text,
                 "question": needle.question, "answer_prefix_text": needle.answer_prefix if use_prefix else "",
-                "form": form, "document_id": filler.document_id,
+                "form": form, "document_id": filler.document_id, "work_id": filler.work_id,
                 "source_docs": [s["doc_id"] for s in filler.sources],
                 "source_offsets": [s["char_start"] for s in filler.sources],
             }))
@@ -210,7 +210,8 @@ def continuation_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, 
                 "task": task, "variant": "continuation", "template": "raw", "seed": seed, "index": i,
                 "context_tokens": len(prefix), "query_aware": False, "depth": None, "needle_token_index": None,
                 "distractors": 0, "query_tokens": q_len, "continuation_tokens": g_len,
-                "document_id": filler.document_id, "source_docs": [s["doc_id"] for s in filler.sources],
+                "document_id": filler.document_id, "work_id": filler.work_id,
+                "source_docs": [s["doc_id"] for s in filler.sources],
                 "source_offsets": [s["char_start"] for s in filler.sources],
             }))
     return samples
@@ -259,7 +260,8 @@ def multi_question_samples(task: str, cfg: Any, tokenizer: Any, max_context: int
         if any(p.head != head for p in pieces):  # the shared prefix must not depend on the question
             raise KVBenchError("the prompt head depends on the question; questions cannot share a context")
         budget = pieces[0].document_budget(context_tokens, query_aware=False)
-        filler = draw_filler(tokenizer, docs, random.Random(f"{task}:filler:{seed}:{c}"), budget, random_start)
+        filler = draw_filler(tokenizer, docs, random.Random(f"{task}:filler:{seed}:{c}"), budget, random_start,
+                             index=c, spread_key=f"{task}:{seed}")
         form = forms[filler.sources[0]["doc_id"]]
         needle_ids = [encode(tokenizer, _insert_text(nd.text, form)) for nd, _ in groups]
         dist_ids = [[encode(tokenizer, _insert_text(d.text, form)) for d in ds] for _, ds in groups]
@@ -299,7 +301,7 @@ def multi_question_samples(task: str, cfg: Any, tokenizer: Any, max_context: int
                 metadata={
                     "task": task, "variant": "retrieval", "template": pieces[j].template, "seed": seed, "index": c,
                     "context_id": context_id, "question_index": j, "questions_per_context": k_questions,
-                    "document_id": filler.sources[0]["doc_id"],
+                    "document_id": filler.document_id, "work_id": filler.work_id,
                     "context_tokens": len(prefix), "query_aware": False, "answer_prefix": use_prefix,
                     "depth": depths[j], "needle_token_index": doc_start + starts[j],
                     "needle_depth": starts[j] / max(1, budget - len(needle_ids[j])),
