@@ -126,7 +126,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         "dtype": dtype, "seed": int(cfg.seed), "query_aware": bool(cfg.task.get("query_aware", False)),
         "model_path": model_path, "model_digest": model_digest,
         "task_digest": task_inputs.get("digest"), "hardware_digest": stable_hash(hardware, 64),
-    }, working_copy=bool(cfg.engine.working_copy))
+    }, working_copy=bool(cfg.engine.working_copy), attention=str(cfg.engine.attention))
 
     def baseline_key(sample: Sample) -> str:
         return stable_hash({**determinants, "sample": sample.sample_id})
