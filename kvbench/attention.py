@@ -75,7 +75,7 @@ def kvbench_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
 
 def compute_dtype(query: torch.Tensor) -> torch.dtype:
     """float32 on CPU (see the module docstring), the model's dtype elsewhere."""
-    return torch.float32 if query.device.type == "cpu" else query.dtype
+    return torch.float32 if query.is_cpu else query.dtype
 
 
 def _grouped(mask: torch.Tensor, hkv: int, g: int) -> torch.Tensor:
