@@ -85,6 +85,15 @@ class Engine:
     run_fields: dict[str, Any] = field(default_factory=dict)
     #: Let quantized stores keep a dequantized working copy of their immutable prefix (``engine.working_copy``).
     working_copy: bool = True
+    #: ``engine.attention``: ``auto`` (kvbench's short-query attention on CPU, SDPA elsewhere), ``sdpa`` or
+    #: ``kvbench`` (:mod:`kvbench.attention`); the model is switched to it when the engine is made.
+    attention: str = "auto"
+
+    def __post_init__(self) -> None:
+        from kvbench import attention
+
+        if hasattr(self.model, "set_attn_implementation"):
+            self.attention = attention.use(self.model, self.attention, self.device)
 
     @property
     def model(self) -> torch.nn.Module:

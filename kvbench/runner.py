@@ -123,7 +123,7 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
         "dtype": dtype, "seed": int(cfg.seed), "query_aware": bool(cfg.task.get("query_aware", False)),
         "model_path": model_path, "model_digest": model_digest,
         "task_digest": task_inputs.get("digest"), "hardware_digest": hardware_digest,
-    }, working_copy=bool(cfg.engine.working_copy))
+    }, working_copy=bool(cfg.engine.working_copy), attention=str(cfg.engine.attention))
 
     baseline_key = BaselineKey(determinants, lm.model)
     baseline_dir = _inside(results_dir / "baselines", results_dir) if cfg.engine.reuse_baseline else None

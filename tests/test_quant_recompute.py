@@ -46,8 +46,28 @@ def test_whole_prefix_recomputed_generation_equals_full(tiny_model, tiny_ids):
     assert torch.equal(out.sequences, ref.sequences)
     assert all(torch.equal(a, b) for a, b in zip(out.logits, ref.logits, strict=True))
     st = cache.stats()
-    assert st["recompute_fraction"] == 1.0 and st["measured_recomputes"] == 19  # one per decode step
+    # With the working copy (the default) the segment's rows are recomputed once and stay in it.
+    assert st["recompute_fraction"] == 1.0 and st["measured_recomputes"] == 1 and st["measured_steps"] == 19
     assert cache.kv_bytes() < cache.kv_bytes_fp16()  # ids (4 B/token) + the exact residual window only
+
+
+def test_working_copy_recomputes_once_with_the_tokens_of_recomputing_every_step(tiny_model, tiny_ids):
+    """Without a working copy the segment is recomputed at every step; with one, once; the output is equal."""
+    kwargs = dict(max_new_tokens=12, do_sample=False, return_dict_in_generate=True, output_logits=True)
+    out, stats = {}, {}
+    for working in (True, False):
+        strategy = strategies.build("quant_recompute", {"recompute_tokens": 40, "residual_tokens": 8,
+                                                        "group_size": 8})
+        strategy.bind(RunContext(model=tiny_model, prefix_ids=tiny_ids, working_copy=working))
+        cache = KVBenchCache(strategy, tiny_model.config)
+        with torch.inference_mode():
+            out[working] = tiny_model.generate(tiny_ids, cache=cache, **kwargs)
+        stats[working] = cache.stats()
+        assert (cache.scratch_bytes() > 0) == working
+    assert torch.equal(out[True].sequences, out[False].sequences)
+    assert all(torch.equal(a, b) for a, b in zip(out[True].logits, out[False].logits, strict=True))
+    assert stats[True]["measured_recomputes"] == 1 and stats[False]["measured_recomputes"] == 11
+    assert stats[True]["measured_steps"] == stats[False]["measured_steps"] == 11
 
 
 def test_capture_path_recompute_equals_full_and_frees_the_segment(tiny_model, tiny_ids):
@@ -152,7 +172,7 @@ def test_cost_figures_measured_and_modelled(tiny_model, tiny_ids):
         for i in range(3):
             tiny_model(input_ids=tiny_ids[:, i:i + 1], cache=cache, use_cache=True)
     st = cache.stats()
-    assert st["measured_recomputes"] == 3 and st["measured_steps"] == 3
+    assert st["measured_recomputes"] == 1 and st["measured_steps"] == 3  # once: its rows stay in the working copy
     assert 0 < st["measured_recompute_seconds_per_step"] < 5.0
     assert st["peak_transient_bytes"] == 2 * 2 * 2 * 32 * 16 * 4  # layers x (K, V) x heads x tokens x dims x fp32
 

@@ -225,6 +225,31 @@ def test_modelled_and_measured_figures_stay_apart(tiny_model, tiny_ids):
     assert st["measured_offload_write_seconds"] > 0
 
 
+@pytest.mark.parametrize("cold_quant", ["none", "int8"])
+def test_working_copy_reads_each_block_once_with_the_tokens_of_reading_every_step(tiny_model, tiny_ids, cold_quant):
+    """``working_copy=False`` reads every cold block at every step; the working copy (default) reads each block
+    once, the prefilled ones at the first step and the demoted ones at the step after their demotion, and keeps
+    the dequantized int8 values attention read. Tokens and logits are equal; the copy is reported as scratch."""
+    params = {"sink_tokens": 4, "recent_tokens": 8, "block_tokens": 8, "cold_quant": cold_quant,
+              "quant_group_size": 8}
+    out, stores = {}, {}
+    for working in (True, False):
+        strategy = strategies.build("tiered", params)
+        strategy.bind(RunContext(working_copy=working))
+        out[working], cache = _generate(tiny_model, tiny_ids, strategy, new_tokens=20)
+        stores[working] = cache.layers[0].store
+        assert (cache.scratch_bytes() > 0) == working
+    assert torch.equal(out[True].sequences, out[False].sequences)
+    assert all(torch.equal(a, b) for a, b in zip(out[True].logits, out[False].logits, strict=True))
+    once, every = stores[True], stores[False]
+    assert len(once.blocks) == len(every.blocks) > 96 // 8  # blocks were demoted while decoding
+    assert sum(once.read_bytes.values()) == sum(b.packet.nbytes for b in once.blocks)
+    assert sum(every.read_bytes.values()) > 10 * sum(b.packet.nbytes for b in every.blocks) // 2
+    st = once.stats()
+    assert st["measured_read_bytes_per_step"] == 2 * sum(b.packet.nbytes for b in once.blocks)  # 2 layers
+    assert st["measured_read_seconds_per_step"] > 0
+
+
 @pytest.mark.parametrize("params, message", [
     ({"host_fraction": 1.5}, "host_fraction must be a number in"),
     ({"cold_quant": "int4"}, "cold_quant must be one of none, int8"),

@@ -1,0 +1,230 @@
+"""Decode speed side by side, in one run: bare transformers vs kvbench ``full`` vs every strategy, per context
+length and dtype, against the memory-bandwidth limit (issue 23).
+
+    python scripts/bench_decode.py                                  # 1K and 4K, bf16 and float32, 16 steps
+    python scripts/bench_decode.py --contexts 1024,4096,8192 --steps 16
+    python scripts/bench_decode.py --contexts 512 --steps 3 --strategies full,int4 --out /tmp/perf   # a quick check
+
+Per dtype the embedded model is loaded once; per context length one sample of the ``legal`` task is prefilled
+once (the engine's shared capture) and every row decodes from that same prefill:
+
+* ``bare transformers (sdpa)`` — a transformers ``DynamicCache`` holding the captured K/V, SDPA attention:
+  the model's own runtime, no kvbench code in the step;
+* ``bare transformers (kvbench attention)`` — the same with ``attn_implementation="kvbench"``;
+* ``full (sdpa)`` / ``full (kvbench attention)`` — kvbench's ``full`` store under each attention;
+* every strategy at its defaults (``strategy=<name>``), under the engine's own choice (``engine.attention=auto``).
+
+Each row feeds the question, then ``--steps`` greedy tokens (EOS does not stop it, so every row times the same
+number of steps), and reports the median milliseconds of the decode steps. The rows take their steps in turn
+(round robin, every cache held at once), so load that comes and goes on a shared machine falls on all rows
+alike; ``--threads`` defaults to 1 for the same reason (two threads on an oversubscribed machine mostly wait
+for each other). ``physical limit`` is
+``(weight bytes + K/V bytes of the full cache) / memory bandwidth``: every weight and every cached byte is read
+once per step, at the copy bandwidth :func:`kvbench.hardware.measure_copy_bandwidth` measures at the start of
+the run. The machine may be shared: ratios between rows of one run are the result; the load average at start
+and end is printed with them. Writes ``results/perf/decode.md`` and ``decode.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from omegaconf import OmegaConf
+from transformers import DynamicCache
+
+import strategies as registry
+from kvbench import attention
+from kvbench.attention import NAME
+from kvbench.config import strategy_params
+from kvbench.engine import Engine, attached, query_window_for
+from kvbench.hardware import measure_copy_bandwidth
+from kvbench.models import load_model
+from kvbench.results import atomic_write_text
+from kvbench.tasks.base import build_samples
+from strategies.base import held_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+GB = 1e9
+
+
+def _task_cfg(context: int) -> Any:
+    cfg = OmegaConf.load(ROOT / "conf" / "task" / "legal.yaml")
+    cfg.seed = 0  # the YAML's `${seed}` points at the run's top-level seed, absent outside Hydra
+    cfg.context_tokens = context
+    cfg.n_samples = 1
+    return cfg
+
+
+@dataclass
+class Row:
+    """One decoder of the comparison: its attention, a step function over its own cache, and what it measured."""
+
+    name: str
+    kind: str  # bare | full | strategy
+    attention: str
+    step: Callable[[list[int]], torch.Tensor]
+    scope: Callable[[], AbstractContextManager[Any]] = nullcontext
+    kv_bytes: int = 0
+    compress_s: float = float("nan")
+    tokens: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    close: Callable[[], None] = lambda: None
+
+
+def bare_row(engine: Engine, pre: Any, impl: str) -> Row:
+    """Plain transformers: a ``DynamicCache`` holding the captured K/V, attention ``impl``."""
+    model = engine.model
+    cache = DynamicCache(config=model.config)
+    for i, (k, v) in enumerate(zip(pre.keys, pre.values, strict=True)):
+        cache.update(k, v, i)  # held, not copied; the first step's concatenation makes new tensors
+
+    def step(tokens: list[int]) -> torch.Tensor:
+        ids = torch.tensor([tokens], device=engine.device)
+        return model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits
+
+    return Row(f"bare transformers ({impl})", "bare", impl, step, kv_bytes=held_bytes([*pre.keys, *pre.values]))
+
+
+def kvbench_row(engine: Engine, name: str, kind: str, strategy: Any, sample: Any, pre: Any, impl: str) -> Row:
+    """A strategy's cache built from the capture as the engine builds it, stepped by ``Engine.forward``."""
+    engine.bind(strategy, sample.prefix_ids)
+    with torch.inference_mode():
+        cache, compress_s = engine._cache(strategy, pre.rows[0])
+
+    def close() -> None:  # tiered spill files go now, not at garbage collection
+        for layer in cache.layers:
+            getattr(layer.store, "close", lambda: None)()
+
+    return Row(name, kind, impl, lambda t: engine.forward(cache, [t], 1),
+               lambda: attached(cache, engine.model, strategy), cache.kv_bytes(), compress_s, close=close)
+
+
+def decode_round_robin(engine: Engine, rows: list[Row], query: list[int], steps: int) -> None:
+    """The question pass of every row, then ``steps`` greedy steps, one step of each row in turn: on a shared
+    machine, load that comes and goes falls on every row alike. Only the step itself is timed."""
+    with torch.inference_mode():
+        for k in range(steps + 1):
+            for row in rows:
+                attention.use(engine.model, row.attention, engine.device)
+                with row.scope():
+                    t0 = time.perf_counter()
+                    logits = row.step(query if k == 0 else [row.tokens[-1]])
+                    row.tokens.append(int(logits[0, -1].argmax()))
+                    if k:
+                        row.seconds.append(time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--contexts", default="1024,4096", help="comma-separated context lengths in tokens")
+    ap.add_argument("--dtypes", default="bfloat16,float32")
+    ap.add_argument("--steps", type=int, default=16, help="decode steps timed per row")
+    ap.add_argument("--strategies", default="all", help="comma-separated names, or all (the registry)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1: on a shared, oversubscribed machine two threads mostly wait on each "
+                         "other)")
+    ap.add_argument("--out", default=str(ROOT / "results" / "perf"))
+    args = ap.parse_args()
+
+    names = registry.available() if args.strategies == "all" else args.strategies.split(",")
+    unknown = sorted(set(names) - set(registry.available()))
+    if unknown:
+        raise SystemExit(f"unknown strategies {unknown}; valid: {', '.join(registry.available())}")
+    torch.set_num_threads(args.threads)
+    load_start = os.getloadavg()
+    bandwidth = measure_copy_bandwidth(256 * 2**20, repeats=5)
+    auto = attention.resolve("auto", "cpu")
+    records: list[dict[str, Any]] = []
+    weights = 0
+    for dtype in args.dtypes.split(","):
+        lm = load_model("smollm2-135m", dtype=dtype)
+        engine = Engine(lm)  # engine.attention=auto
+        engine.warmup()
+        weights = held_bytes(lm.model.parameters())
+        for context in [int(c) for c in args.contexts.split(",")]:
+            sample = build_samples("legal", _task_cfg(context), lm.tokenizer, lm.max_context)[0]
+            strats = [registry.build(n, strategy_params(n)) for n in names]
+            with torch.inference_mode():
+                pre = engine.capture(torch.tensor([sample.prefix_ids]), query_window_for(strats))
+            rows = [bare_row(engine, pre, "sdpa"), bare_row(engine, pre, NAME)]
+            rows += [kvbench_row(engine, f"full ({impl})", "full", registry.build("full"), sample, pre, impl)
+                     for impl in ("sdpa", NAME)]
+            rows += [kvbench_row(engine, n, "strategy", s, sample, pre, auto)
+                     for n, s in zip(names, strats, strict=True) if n != "full"]  # `full (kvbench)` is that row
+            decode_round_robin(engine, rows, list(sample.query_ids), args.steps)
+            limit_ms = 1000 * (weights + rows[0].kv_bytes) / (bandwidth * GB)
+            for row in rows:
+                records.append({"dtype": dtype, "context": context, "threads": torch.get_num_threads(),
+                                "row": row.name, "kind": row.kind, "attention": row.attention,
+                                "kv_bytes": row.kv_bytes, "compress_s": row.compress_s, "seconds": row.seconds,
+                                "tokens_equal": row.tokens == rows[0].tokens, "limit_ms": limit_ms})
+                row.close()
+            print(f"{dtype} {context}: done", flush=True)
+            del pre, rows
+            gc.collect()
+    load_end = os.getloadavg()
+    write(records, args, bandwidth, weights, load_start, load_end)
+
+
+def write(rows: list[dict[str, Any]], args: argparse.Namespace, bandwidth: float, weights: int,
+          load_start: tuple[float, ...], load_end: tuple[float, ...]) -> None:
+    df = pd.DataFrame(rows)
+    df["ms_median"] = [1000 * statistics.median(s) for s in df["seconds"]]
+    df["ms_min"] = [1000 * min(s) for s in df["seconds"]]
+    df["ms_max"] = [1000 * max(s) for s in df["seconds"]]
+    key = ["dtype", "context"]
+    bare_ms = df[df.row == "bare transformers (sdpa)"].set_index(key)["ms_median"]
+    full_ms = df[(df.kind == "full") & (df.attention == NAME)].set_index(key)["ms_median"]
+    df["vs_bare_sdpa"] = [m / bare_ms[(d, c)] for m, d, c in zip(df.ms_median, df.dtype, df.context, strict=True)]
+    df["vs_full"] = [m / full_ms[(d, c)] for m, d, c in zip(df.ms_median, df.dtype, df.context, strict=True)]
+    df["vs_limit"] = df.ms_median / df.limit_ms
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    df.drop(columns=["seconds"]).to_csv(out / "decode.csv", index=False)
+
+    lines = [
+        "# Decode speed (measured by `scripts/bench_decode.py`)", "",
+        f"SmolLM2-135M, CPU, {rows[0]['threads']} threads, one `legal` sample per context length, "
+        f"{args.steps} timed decode steps per row after the question pass (medians [min, max]). Memory copy "
+        f"bandwidth measured at the start: {bandwidth:.1f} GB/s; weights {weights / 1e6:.0f} MB. Load average "
+        f"(1 min) {load_start[0]:.1f} at the start and {load_end[0]:.1f} at the end of the run on "
+        f"{os.cpu_count()} CPUs: compare rows of one run, not runs. `physical limit` = (weight bytes + `full` "
+        "K/V bytes) / bandwidth per step. `tokens = bare` says whether the greedy tokens equal bare "
+        "transformers' with SDPA. Strategies run under `engine.attention=auto`.", "",
+    ]
+    for (dtype, context), g in df.groupby(key, sort=False):
+        lines += [f"## {dtype}, {context} tokens (physical limit {g.limit_ms.iloc[0]:.1f} ms/token)", "",
+                  "| row | ms/token | vs bare sdpa | vs full | vs limit | kv MB | tokens = bare |",
+                  "|---|---:|---:|---:|---:|---:|:---:|"]
+        for r in g.itertuples():
+            lines.append(f"| {r.row} | {r.ms_median:.1f} [{r.ms_min:.1f}, {r.ms_max:.1f}] | {r.vs_bare_sdpa:.2f}x | "
+                         f"{r.vs_full:.2f}x | {r.vs_limit:.1f}x | {r.kv_bytes / 1e6:.1f} | "
+                         f"{'yes' if r.tokens_equal else 'no'} |")
+        lines.append("")
+    lines += ["## Targets (issue 23)", ""]
+    for (dtype, context), g in df.groupby(key, sort=False):
+        full = g[(g.kind == "full") & (g.attention == NAME)].iloc[0]
+        part = [f"{dtype} {context}: `full` {full.vs_bare_sdpa:.2f}x bare SDPA (target <= 0.5x at 4K), "
+                f"{full.vs_limit:.1f}x the limit (target <= 3x)"]
+        for name in ("tiered", "quant_recompute"):
+            hit = g[g.row == name]
+            if len(hit):
+                part.append(f"{name} {hit.vs_full.iloc[0]:.2f}x `full` (target <= 1.2x)")
+        lines.append("* " + "; ".join(part) + ".")
+    atomic_write_text(out / "decode.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""``attn_implementation="kvbench"`` (kvbench/attention.py) gives SDPA's records for every strategy in the registry.
+
+Registry-wide, on tiny random models: a grouped-query Llama (4 query heads on 2 KV heads) and a Mistral with a
+sliding window shorter than the context, four ragged rows per batch (per-row masks from ``RowsCache``), and
+one row alone. Greedy tokens must be equal and log-probs within float32 matmul tolerance. Soft-capping
+(Gemma 2), which SDPA refuses, is compared with eager attention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cache
+
+import pytest
+import torch
+
+import strategies
+from kvbench import attention
+from kvbench.engine import Engine, query_window_for
+from kvbench.errors import KVBenchError
+from kvbench.models import ByteTokenizer, LoadedModel, tiny_llama
+from kvbench.tasks.base import Sample
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+TINY = {"group_size": 8, "residual_length": 8, "residual_tokens": 8, "recompute_tokens": 16, "block_size": 8,
+        "quant_group_size": 8, "block_tokens": 16, "recent_tokens": 16, "decode_evict": True}
+ROWS = [(b"Q?", b"ab", 5), (b"What is it?", b"xyzw", 7), (b"Hm", b"k", 6), (b"Go on:", b"tail", 4)]
+
+
+def _tiny(name: str) -> strategies.Strategy:
+    names = {f.name for f in dataclasses.fields(strategies.strategy_class(name))}
+    return strategies.build(name, {k: v for k, v in TINY.items() if k in names})
+
+
+def _samples() -> list[Sample]:
+    g = torch.Generator().manual_seed(3)
+    return [Sample(sample_id=f"s{i}", prefix_ids=torch.randint(1, 255, (96,), generator=g).tolist(),
+                   query_ids=list(q), gold_ids=list(a), answers=[a.decode()], metric="substring", metadata={},
+                   max_new_tokens=n) for i, (q, a, n) in enumerate(ROWS)]
+
+
+@cache
+def _model(family: str) -> torch.nn.Module:
+    if family == "llama":
+        return tiny_llama(seed=0)
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                        sliding_window=24, attn_implementation="sdpa")
+    return MistralForCausalLM(cfg).eval()
+
+
+def _records(family: str, impl: str, name: str, batch: bool) -> list:
+    engine = Engine(LoadedModel("tiny", _model(family), ByteTokenizer()), attention=impl)
+    assert engine.attention == impl and engine.model.config._attn_implementation == impl
+    strategy, samples = _tiny(name), _samples()
+    if not batch:
+        samples = samples[1:2]
+    pre = engine.prefill(samples, query_window_for([strategy]))
+    return engine.evaluate_batch(strategy, samples, pre, [None] * len(samples))
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+@pytest.mark.parametrize("name", strategies.available())
+def test_kvbench_attention_gives_sdpa_records(family, name):
+    for batch in (True, False):
+        ref, new = _records(family, "sdpa", name, batch), _records(family, "kvbench", name, batch)
+        for a, b in zip(ref, new, strict=True):
+            assert b.record["prediction"] == a.record["prediction"]
+            assert b.record["kv_bytes"] == a.record["kv_bytes"]
+            for key in ("kl", "gold_nll", "top1_agreement"):
+                assert b.record[key] == pytest.approx(a.record[key], abs=1e-4), key
+            torch.testing.assert_close(b.logp, a.logp, atol=1e-4, rtol=0)
+
+
+def test_sliding_window_reaches_the_attention():
+    """The window really masks: with it, the last position's logits differ from the same model without it."""
+    model = _model("mistral")
+    ids = torch.randint(1, 255, (1, 60), generator=torch.Generator().manual_seed(0))
+    attention.use(model, "kvbench", "cpu")
+    from transformers import DynamicCache
+
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids[:, :59], cache=cache)
+        step = model(input_ids=ids[:, 59:], cache=cache).logits[:, -1]
+        model.config.sliding_window = None
+        try:
+            cache = DynamicCache(config=model.config)
+            model(input_ids=ids[:, :59], cache=cache)
+            unwindowed = model(input_ids=ids[:, 59:], cache=cache).logits[:, -1]
+        finally:
+            model.config.sliding_window = 24
+    assert not torch.allclose(step, unwindowed, atol=1e-4)
+
+
+def test_soft_capping_matches_eager():
+    """Gemma 2 caps attention logits (``softcap``), which SDPA refuses; decode steps match eager attention."""
+    from transformers import DynamicCache, Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Gemma2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=16,
+                       attn_logit_softcapping=2.0, attn_implementation="eager")
+    model = Gemma2ForCausalLM(cfg).eval()
+    ids = torch.randint(1, 255, (1, 40), generator=torch.Generator().manual_seed(1))
+    out = {}
+    with torch.inference_mode():
+        for impl in ("eager", "kvbench"):
+            attention.use(model, impl, "cpu") if impl == "kvbench" else model.set_attn_implementation("eager")
+            cache = DynamicCache(config=model.config)
+            model(input_ids=ids[:, :32], cache=cache)
+            out[impl] = torch.cat([model(input_ids=ids[:, i:i + 1], cache=cache).logits for i in range(32, 40)], 1)
+    torch.testing.assert_close(out["kvbench"], out["eager"], atol=1e-5, rtol=1e-5)
+
+
+def test_grouped_function_equals_sdpa_with_a_ragged_boolean_mask():
+    """The function alone: 9 query heads on 3 KV heads, 5 queries, per-row boolean masks with padding."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, n, 8, generator=g) for h, n in ((9, 5), (3, 50), (3, 50)))
+    mask = torch.ones(2, 1, 5, 50, dtype=torch.bool).tril(diagonal=45)
+    mask[1, :, :, :7] = False  # row 1 is left-padded
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 3, True
+    ref, _ = sdpa_attention_forward(module.eval(), q, k, v, mask, scaling=0.3)
+    out, _ = attention.kvbench_attention_forward(module, q, k, v, mask, scaling=0.3)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_auto_picks_by_device_and_bad_choice_names_the_valid_ones():
+    assert attention.resolve("auto", "cpu") == "kvbench"
+    assert attention.resolve("auto", "cuda:0") == "sdpa"
+    with pytest.raises(KVBenchError, match="valid: auto, sdpa, kvbench"):
+        attention.resolve("flash", "cpu")
