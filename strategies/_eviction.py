@@ -388,6 +388,18 @@ class _Scores(EvictionPolicy):
                        queries: torch.Tensor | None, capture: LayerCapture | None) -> torch.Tensor:
         return self.scorer.score(keys, values, queries, capture)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Scores:
+        # The layer's scorer copy is cache state (random's generator stream goes on while decoding), so a copy
+        # of the cache (kvbench.engine.clone_cache) gets its own; the bound run context stays shared.
+        new = copy.copy(self)
+        memo[id(self)] = new
+        for key, value in vars(self).items():
+            setattr(new, key, copy.deepcopy(value, memo))
+        new.scorer = copy.copy(self.scorer)
+        for key, value in vars(self.scorer).items():
+            setattr(new.scorer, key, value if key == "context" else copy.deepcopy(value, memo))
+        return new
+
 
 @dataclass
 class ScorerStrategy(EvictionStrategy):
