@@ -13,9 +13,10 @@ namespaced by task, since fallback sample ids repeat across tasks.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,16 +53,24 @@ def _present(v: Any) -> bool:
     return v is not None and not (isinstance(v, float) and math.isnan(v)) and str(v) != ""
 
 
+@functools.lru_cache(maxsize=65536)
+def _first_source_doc(meta: str) -> str | None:
+    docs = _meta(meta).get("source_docs")
+    return str(docs[0]) if isinstance(docs, (list, tuple)) and docs else None
+
+
 def document_ids(records: pd.DataFrame) -> pd.Series:
     """Each record's document: ``document_id``, else ``sample_meta["source_docs"][0]``, else the sample id;
     prefixed by the task."""
-    def one(row: Mapping) -> str:
-        doc = row.get("document_id")
+    n = len(records)
+    given = records["document_id"] if "document_id" in records else pd.Series([None] * n, index=records.index)
+    meta = records["sample_meta"] if "sample_meta" in records else pd.Series([None] * n, index=records.index)
+    out = []
+    for task, doc, m, sid in zip(records["task"], given, meta, records["sample_id"], strict=True):
         if not _present(doc):
-            docs = _meta(row.get("sample_meta")).get("source_docs")
-            doc = docs[0] if isinstance(docs, (list, tuple)) and docs else row.get("sample_id")
-        return f"{row.get('task')}:{doc}"
-    return pd.Series([one(r) for r in records.to_dict("records")], index=records.index, dtype=object)
+            doc = (_first_source_doc(m) if isinstance(m, str) else None) or sid
+        out.append(f"{task}:{doc}")
+    return pd.Series(out, index=records.index, dtype=object)
 
 
 def context_ids(records: pd.DataFrame) -> pd.Series:
@@ -128,7 +137,7 @@ class Comparison:
         unit = f" {self.unit}" if self.unit else ""
 
         def f(v: float) -> str:
-            return "–" if math.isnan(v) else f"{v:+.1f}" if unit == "pp" else f"{v:+.3g}"
+            return "–" if math.isnan(v) else f"{v:+.1f}" if self.unit == "pp" else f"{v:+.3g}"
         if math.isnan(self.low):
             return f"{f(self.estimate)}{unit} (no interval: {self.method})"
         return f"{f(self.estimate)}{unit} [95% CI {f(self.low)}, {f(self.high)}]"
@@ -169,7 +178,8 @@ def _p_from_interval(c: Comparison, null: float, greater: bool) -> float:
 
 def _pair(records: pd.DataFrame, a: str, b: str, columns: Sequence[str]) -> pd.DataFrame:
     keep = ["sample_id", "task", *[c for c in columns if c in records]]
-    left = records[records["strategy"] == a]
+    ids = [c for c in ("document_id", "context_id", "sample_meta") if c in records]
+    left = records.loc[records["strategy"] == a, list(dict.fromkeys(keep + ids))]
     left = left.assign(_doc=document_ids(left), _ctx=context_ids(left))[keep + ["_doc", "_ctx"]]
     right = records[records["strategy"] == b][keep]
     both = left.merge(right, on=["task", "sample_id"], suffixes=("_a", "_b"))

@@ -38,6 +38,7 @@ Everything here is a pure, deterministic function of its arguments (bootstraps t
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -496,6 +497,7 @@ def paired_n(p_loss: float, p_gain: float, margin: float = 0.0, alpha: float = (
     return float(math.ceil(((z_a * s0 + z_b * s1) / (d - d0)) ** 2))
 
 
+@functools.lru_cache(maxsize=1024)
 def n_zero_flips(margin: float, baseline_rate: float = 1.0, level: float = CI_LEVEL, cap: int = 100_000) -> int:
     """The fewest questions at which a strategy that *never* disagrees with the baseline is decided
     non-inferior at ``margin`` by :class:`PairedBinary` (design effect 1): below it, no result at all could
@@ -529,5 +531,8 @@ def questions_needed(p_loss: float, p_gain: float, n_observed: int, margin: floa
     n = paired_n(p_loss, p_gain, margin, alpha, power)
     if math.isinf(n):
         return 0
-    floor = n_zero_flips(margin, baseline_rate, level) if margin > 0 else min_exact_pairs(level)
+    # Zero flips can only ever show the bound holding: the floor applies when planning to show that.
+    shows_bound = p_gain - p_loss > -margin
+    floor = n_zero_flips(margin, round(baseline_rate, 3), level) if margin > 0 and shows_bound \
+        else min_exact_pairs(level)
     return int(math.ceil(max(n, floor) * max(deff, 1.0)))
