@@ -1,37 +1,37 @@
 """The claim check: what the measured numbers say about the source document's claims.
 
 Written by ``kvbench leaderboard`` to ``claim_check.md``. Every sentence is generated from a summary
-frame (:func:`kvbench.report.summarize` rows per task and setting plus the pooled ``all`` rows of
-:mod:`kvbench.leaderboard`) and, when given, the paired records behind it; nothing here states a
-conclusion that the numbers did not produce. Claims are checked per setting (query-aware and
-query-agnostic), separately, whenever both were measured.
+frame (:func:`kvbench.report.summarize` rows per task and setting) and, when given, the paired records
+behind it; nothing here states a conclusion that the numbers did not produce. Claims are checked per
+setting (query-aware and query-agnostic), separately, whenever both were measured.
 
-Every claim gets one of three verdicts, decided by the 95% intervals of measurement spec v1.1
-(Newcombe's paired score interval for binary scores, BCa bootstrap for continuous ones):
+Every claim gets one of three verdicts by measurement spec v1.2 (``docs/measurement-spec.md`` §2.2-2.4),
+each naming its endpoint (task accuracy), interval and n_questions / n_contexts / n_documents. With the
+paired records every interval is paired and clustered by document (:mod:`kvbench.paired`); without them
+the summary rows' unclustered intervals stand in (said so in the text).
 
-* **holds** — the whole interval supports the claim ("with confidence" is only ever said of this);
-* **fails** — the whole interval contradicts it;
-* **undetermined at this n** — the interval contains both; the check then says roughly how many samples
-  per task would decide it: the n at which the effect that matters (1 point for the accuracy bound, the
-  claimed size for a claim with a size, else the observed difference) is detected with 80% power at the
-  observed baseline accuracy (:func:`kvbench.stats.n_to_detect`), and the minimum detectable effect at
-  the n measured.
+* **holds** — the claim's test rejects its null after Holm within the claim's family ("with confidence"
+  is only ever said of this);
+* **fails** — the opposite test does;
+* **undetermined at this n** — neither; the check then gives the questions that would decide it
+  (:func:`kvbench.stats.questions_needed`: Connor's paired formula at the observed discordance, the
+  zero-flip floor, the design effect).
 
-Definitions (also in ``docs/measurement-spec.md`` §2.2):
+Definitions:
 
-* **within 1 point**: accuracy delta vs ``full`` above −1 percentage point (``delta_pp > −1``), i.e. a
-  loss strictly under one point; **within 1% relative**: ``relative_loss < 0.01`` (undefined when the
-  baseline scores 0). These are point-estimate readings, reported next to the verdicts.
-* **"40–60% less KV memory at <1% accuracy loss"** on a scope: holds when some strategy saving ≥ 40%
-  has its whole interval above −1 point; fails when every strategy saving ≥ 40% has its whole interval
-  at or below −1 point; undetermined otherwise.
-* **A beats B** (scenarios): at the closest memory level (the matched pair of :func:`matched_pair`), the
-  interval of A − B on the same samples (paired records) lies above 0: holds; below 0: fails; for binary
-  scores the exact McNemar test must agree (p < 0.05). Without records, two non-overlapping per-strategy
-  intervals decide (conservative). The dominance counts (as much memory saved at as good a delta) are
-  reported as the point-estimate reading.
-* **A is better by m points**: holds when the interval of A − B lies above 0 and reaches m; fails when
-  it lies below m; undetermined otherwise.
+* **within 1 point** / **within 1% relative**: point-estimate readings (``delta_pp > −1``,
+  ``relative_loss < 0.01``), reported next to the verdicts, never verdicts themselves.
+* **"40–60% less KV memory at <1% accuracy loss"** on a scope (a task, or ``all@<tokens>``: the tasks
+  measured at one context length, pooled): non-inferiority at a 1-point margin of every strategy saving
+  40–60% (Holm over them); holds when some member holds, fails when every member fails.
+* **A beats B** (scenarios): spec v1.2's comparator rule — every A member against every B member within
+  :data:`MATCH_TOLERANCE` of its memory reduction (so against B's best, whichever it is), Holm over the
+  pairs; holds when some A member beats all its matched B members and no B member beats A, fails the
+  other way round. A direction is called when the Holm-adjusted p (never below the exact McNemar p) is
+  under 0.05. Without records, two non-overlapping per-strategy intervals decide (conservative). The
+  dominance counts (as much memory saved at as good a delta) are the point-estimate reading.
+* **A is better by m points**: per pair, holds when A is better with confidence and the interval reaches
+  m; fails when the interval lies below m.
 * **drops tokens**: a strategy whose measured ``kept_fraction`` (tokens held / context tokens) is below
   1; strategies that keep every token position (quantization, tiering, recomputation) have 1.
 """
@@ -284,7 +284,7 @@ def best_within_relative(summary: pd.DataFrame, scope: str, loss: float = LOSS_R
 
 
 def samples_sentence(needed: int, c: Comparison | None, what: str) -> str:
-    """``about 1,534 questions (… documents' design effect …) would decide <what>`` — spec v1.2 §2.3's
+    """``about 1,534 questions (… documents' design effect …) would decide <what>`` — spec v1.2 §2.4's
     paired count at the comparison's observed discordance and design effect."""
     if not needed:
         return f"no number of questions decides {what} at the observed difference"
@@ -294,7 +294,7 @@ def samples_sentence(needed: int, c: Comparison | None, what: str) -> str:
                  + (", taken at its 95% upper bound since none was seen" if c.only_a + c.only_b == 0 else "")
                  + f") and design effect {c.deff:.2f} ({c.deff_source})")
     return (f"about {needed:,} questions{basis} would decide {what} (one-sided {ALPHA:g} level, "
-            f"{POWER:.0%} power, Connor's paired formula; measurement spec §2.3)")
+            f"{POWER:.0%} power, Connor's paired formula; measurement spec §2.4)")
 
 
 # ------------------------------------------------------------------------------------ headline claim
@@ -303,7 +303,7 @@ def samples_sentence(needed: int, c: Comparison | None, what: str) -> str:
 @dataclass(frozen=True)
 class HeadlineVerdict:
     """"40–60% less KV memory at <1% accuracy loss" on one scope: a non-inferiority verdict per strategy of
-    the family (spec v1.2 §2.2), and the claim's verdict from them."""
+    the family (spec v1.2 §2.3), and the claim's verdict from them."""
 
     scope: str
     testable: bool  # some strategy reaches the 40% reduction
@@ -606,7 +606,7 @@ class Contrast:
 
 
 def _with_holm(contrasts: list[Contrast]) -> list[Contrast]:
-    """The family's contrasts with Holm-adjusted p-values (spec v1.2 §2.2: the family of a scenario claim is
+    """The family's contrasts with Holm-adjusted p-values (spec v1.2 §2.3: the family of a scenario claim is
     every pair it lists); unpaired contrasts have no p and are returned as they are."""
     paired = [c for c in contrasts if c.paired]
     adj = iter(stats.holm([c.comparison.p_two_sided() for c in paired]))
@@ -1151,16 +1151,16 @@ def render_claims(check: ClaimCheck) -> str:
     lines += [
         f"Every verdict names its endpoint. The primary endpoint is **{PRIMARY}**: strategy − `{BASELINE}` in "
         "percentage points on identical questions, with a two-sided 95% interval that is clustered by source "
-        "document (measurement spec v1.2 §2.1: Newcombe's paired score interval on Rao–Scott effective counts "
+        "document (measurement spec v1.2 §2.2: Newcombe's paired score interval on Rao–Scott effective counts "
         "for binary scores, the exact zero-flip bound when the two never disagree, a paired cluster bootstrap "
         "for continuous scores), and n_questions / n_contexts / n_documents beside it. Memory reduction is "
         "1 − KV bytes held / dense 16-bit bytes.",
         "",
         f"\"<1% accuracy loss\" is judged as **non-inferiority** with a pre-registered margin of {LOSS_PP:g} point "
         f"(absolute) at a one-sided {ALPHA:g} level (the two-sided 95% interval's lower end above −{LOSS_PP:g}), "
-        "Holm-adjusted within the claim's family (spec v1.2 §2.2). A claim **holds** (only then *with "
+        "Holm-adjusted within the claim's family (spec v1.2 §2.3). A claim **holds** (only then *with "
         "confidence*) or **fails** when its test says so, and is **undetermined at this n** otherwise; then the "
-        "check gives the questions that would decide it (spec §2.3: Connor's paired formula at the observed "
+        "check gives the questions that would decide it (spec §2.4: Connor's paired formula at the observed "
         "discordance, never below the n at which zero flips decide, times the design effect). *Within 1 point* "
         f"(delta > −{LOSS_PP:g} pp) and *within 1% relative* are point-estimate readings, never verdicts.",
         "",

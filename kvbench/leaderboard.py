@@ -293,8 +293,9 @@ def display_columns(lb: Leaderboard, table: pd.DataFrame | None = None) -> list[
         for col, header, kind in metrics:
             key = f"{scope}.{col}"
             if kind == "delta":
-                cells = [fmt_delta(d, lo, hi) for d, lo, hi in
-                         zip(t[key], t[f"{scope}.delta_ci_low"], t[f"{scope}.delta_ci_high"], strict=True)]
+                cells = ["reference" if s == BASELINE else fmt_delta(d, lo, hi) for s, d, lo, hi in
+                         zip(t["strategy"], t[key], t[f"{scope}.delta_ci_low"], t[f"{scope}.delta_ci_high"],
+                             strict=True)]
             else:
                 cells = [fmt(v, kind) for v in t[key]]
             cols.append((f"{name}: {header}", key, cells))

@@ -1,4 +1,4 @@
-"""Paired, clustered comparisons from records, and non-inferiority verdicts (measurement spec v1.2 §2.1-2.3).
+"""Paired, clustered comparisons from records, and non-inferiority verdicts (measurement spec v1.2 §2.2-2.4).
 
 A comparison pairs two strategies' (or a strategy's and ``full``'s) records question by question on one
 scope, clusters the questions by the document they were drawn from, and gives the difference with a
@@ -150,7 +150,7 @@ class Comparison:
         return (f"`{self.a}` − `{self.b}` = {self.interval_text()} ({self.method}{deff}{disc}; {self.sizes()})")
 
     def questions_needed(self, margin: float, power: float = POWER) -> int:
-        """Questions at which this comparison would be decided against ``−margin`` points (spec v1.2 §2.3),
+        """Questions at which this comparison would be decided against ``−margin`` points (spec v1.2 §2.4),
         at its observed discordance (binary) or spread (continuous) and design effect."""
         deff = 1.0 if math.isnan(self.deff) else self.deff
         if self.binary:

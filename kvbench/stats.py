@@ -1,4 +1,4 @@
-"""Interval estimates, tests and sample sizes of measurement spec v1.2 (``docs/measurement-spec.md`` §2.1-2.3).
+"""Interval estimates, tests and sample sizes of measurement spec v1.2 (``docs/measurement-spec.md`` §2.1-2.4).
 
 Per-sample task scores come in two kinds, and each gets a method that is valid at the small sample sizes a
 benchmark run has:
@@ -286,7 +286,7 @@ class DesignEffect:
 
 def design_effect(diffs: Sequence[float], clusters: Sequence,
                   baseline: Sequence[float] | None = None) -> DesignEffect:
-    """The design effect of a mean paired difference, by a fixed rule (spec v1.2 §2.1):
+    """The design effect of a mean paired difference, by a fixed rule (spec v1.2 §2.2):
 
     1. from the paired differences themselves (:func:`cr_design_effect`) when at least
        :data:`MIN_DISCORDANT` of them are non-zero and there are 2 clusters or more;
@@ -519,7 +519,7 @@ def n_zero_flips(margin: float, baseline_rate: float = 1.0, level: float = CI_LE
 
 def questions_needed(p_loss: float, p_gain: float, n_observed: int, margin: float, baseline_rate: float,
                      deff: float = 1.0, level: float = CI_LEVEL, power: float = POWER) -> int:
-    """Questions a paired binary claim needs, by spec v1.2 §2.3: Connor's pairs (:func:`paired_n`) at the
+    """Questions a paired binary claim needs, by spec v1.2 §2.4: Connor's pairs (:func:`paired_n`) at the
     observed discordant rates — at the exact upper bound of the discordance rate, split evenly, when none
     was observed in ``n_observed`` — never fewer than the n at which zero flips would decide
     (:func:`n_zero_flips`, for a margin) or the exact McNemar minimum (:func:`min_exact_pairs`, without one),

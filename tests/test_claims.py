@@ -31,7 +31,7 @@ def _records(scores: dict[str, list[float]], task: str = "legal", query_aware: b
                 "metric": metric, "kv_bytes": 1000 * (1 - red), "kv_bytes_fp16": 1000.0, "memory_reduction": red,
                 "bytes_per_token": 1.0, "kept_fraction": 0.5 if family == "eviction" else 1.0,
                 "prefill_s": 0.1, "compress_s": 0.0, "ttft_s": 0.1, "decode_ms_per_token": 1.0, "kl": 0.0,
-                "top1_agreement": 1.0, "gold_nll": 0.1, "context_tokens": context, "spec_version": "1.1",
+                "top1_agreement": 1.0, "gold_nll": 0.1, "context_tokens": context, "spec_version": "1.2",
                 "model": "m", "hardware": "cpu",
                 "sample_meta": json.dumps({"depth": depths[i]} if depths else {}),
             }
@@ -221,3 +221,12 @@ def test_without_records_only_non_overlapping_intervals_decide():
     c = claims.contrast(a, near, "papers")
     assert not c.a_better and not c.b_better
     assert claims.contrast(a, b, "papers", depth=(0.0, 0.3)) is None  # depths need the records
+
+
+def test_full_against_itself_is_the_reference_without_an_interval():
+    s = summarize(_records({"full": [1, 0, 1, 1], "int8": [1, 0, 1, 0]}))
+    full = s[s["strategy"] == "full"].iloc[0]
+    assert full["delta_pp"] == 0 and full["delta_method"] == "reference"
+    assert math.isnan(full["delta_ci_low"]) and math.isnan(full["delta_ci_high"])
+    int8 = s[s["strategy"] == "int8"].iloc[0]
+    assert int8["delta_ci_low"] < int8["delta_pp"] < int8["delta_ci_high"]
