@@ -230,3 +230,14 @@ def test_full_against_itself_is_the_reference_without_an_interval():
     assert math.isnan(full["delta_ci_low"]) and math.isnan(full["delta_ci_high"])
     int8 = s[s["strategy"] == "int8"].iloc[0]
     assert int8["delta_ci_low"] < int8["delta_pp"] < int8["delta_ci_high"]
+
+
+def test_leaderboard_pooled_rows_keep_one_context_length():
+    from kvbench.leaderboard import overall_summary
+
+    four_k = pd.concat([_records({"full": [1] * 4, "int8": [1] * 4}),
+                        _records({"full": [1] * 4, "int8": [1, 1, 1, 0]}, task="papers")], ignore_index=True)
+    fiction = _records({"full": [1] * 4, "int8": [0] * 4}, task="fiction", context=2048)
+    pooled = overall_summary(pd.concat([four_k, fiction], ignore_index=True), ["fiction", "legal", "papers"])
+    int8 = pooled[pooled["strategy"] == "int8"].iloc[0]
+    assert int8["n"] == 8 and int8["delta_pp"] == -12.5  # legal and papers at 4,096 only
