@@ -144,6 +144,9 @@ class Comparison:
 
     def text(self) -> str:
         """```a` − `b` = +2.0 pp [95% CI …] (newcombe-rao-scott, design effect 1.4 from …; n = …)``."""
+        if self.endpoint != PRIMARY:  # a secondary endpoint is the strategy's own figure against the baseline
+            return (f"{self.endpoint} of `{self.a}` against `{self.b}`: {self.interval_text()} "
+                    f"({self.method}; {self.sizes()})")
         deff = (f", design effect {self.deff:.2f} from the {self.deff_source}"
                 if not math.isnan(self.deff) else "")
         disc = f", {self.only_a} only-A / {self.only_b} only-B correct" if self.binary else ""

@@ -241,3 +241,21 @@ def test_leaderboard_pooled_rows_keep_one_context_length():
     pooled = overall_summary(pd.concat([four_k, fiction], ignore_index=True), ["fiction", "legal", "papers"])
     int8 = pooled[pooled["strategy"] == "int8"].iloc[0]
     assert int8["n"] == 8 and int8["delta_pp"] == -12.5  # legal and papers at 4,096 only
+
+
+def test_secondary_endpoints_have_clustered_intervals_or_say_they_are_constant():
+    from kvbench.paired import SECONDARY, secondary
+
+    recs = _records({"full": [1] * 6, "int8": [1] * 6}, docs=["a", "a", "b", "b", "c", "c"])
+    nll = [0.10, 0.12, 0.20, 0.25, 0.11, 0.30]
+    recs.loc[recs["strategy"] == "int8", "gold_nll"] = nll
+    recs.loc[recs["strategy"] == "int8", "top1_agreement"] = [1.0, 0.9, 1.0, 0.8, 1.0, 1.0]
+    out = {c.endpoint: c for c in secondary(recs, "int8", "full")}
+    assert set(out) == set(SECONDARY)
+    rel = out[SECONDARY[0]]  # full's gold NLL is 0.1 on every question
+    assert rel.estimate == pytest.approx((sum(nll) - 0.6) / 0.6) and rel.low < rel.estimate < rel.high
+    assert rel.n_documents == 3 and rel.method == "cluster-bootstrap"
+    top1 = out[SECONDARY[1]]
+    assert top1.estimate == pytest.approx(5.7 / 6) and top1.low < top1.high <= 1.0
+    kl = out[SECONDARY[2]]  # 0 on every question: no interval, never a zero-width one
+    assert kl.estimate == 0 and math.isnan(kl.low) and "constant" in kl.method
