@@ -260,6 +260,16 @@ def _largest_reduction(cands: list[Pick]) -> Pick | None:
     return sorted(cands, key=lambda p: (-p.memory_reduction, -_nan_low(p.delta_pp), p.strategy))[0]
 
 
+def ties_of(pick: Pick | None, cands: list[Pick]) -> list[str]:
+    """The other candidates with exactly ``pick``'s figures (memory saved, delta and its interval): a label
+    order chose among them, so they are shown as tied rather than ranked by name."""
+    if pick is None:
+        return []
+    key = (round(pick.memory_reduction, 9), pick.delta_pp, pick.ci_low, pick.ci_high)
+    return sorted(p.strategy for p in cands if p.strategy != pick.strategy
+                  and (round(p.memory_reduction, 9), p.delta_pp, p.ci_low, p.ci_high) == key)
+
+
 def _best_delta(cands: list[Pick]) -> Pick:
     return sorted(cands, key=lambda p: (-_nan_low(p.delta_pp), -_nan_low(p.memory_reduction), p.strategy))[0]
 
@@ -653,6 +663,7 @@ class ScenarioResult:
     verdict: str = NOT_TESTABLE
     n_needed: int = 0  # UNDETERMINED: samples per task that would decide it
     setting: str = QUERY_AWARE
+    winner_ties: list[str] = field(default_factory=list)  # strategies with the winner's exact figures
 
 
 def family_picks(task_picks: list[Pick]) -> list[tuple[str, Pick, bool]]:
@@ -748,6 +759,7 @@ def scenario(summary: pd.DataFrame, sc: Scenario, records: pd.DataFrame | None =
                          families=family_picks(task_picks), setting=setting)
     if res.winner is None:
         res.closest = _best_delta(task_picks)
+    res.winner_ties = ties_of(res.winner or res.closest, task_picks)
     test = _TESTS[sc.test]
     test(res, summary, task_picks, records)
     return res
@@ -1064,6 +1076,7 @@ class SettingCheck:
     headline: dict[str, HeadlineVerdict]
     scenarios: list[ScenarioResult]
     secondary: dict[str, dict[str, list[Comparison]]] = field(default_factory=dict)  # scope -> member -> endpoints
+    ties: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)  # scope -> ties of the two best
 
 
 @dataclass
@@ -1118,6 +1131,9 @@ def check_claims(summary: pd.DataFrame, meta: Mapping[str, str] | None = None,
             headline=heads,
             scenarios=[scenario(summary, sc, records, setting) for sc in scenarios],
             secondary=extra,
+            ties={s: (ties_of(_largest_reduction([p for p in found[s] if p.within_pp()]), found[s]),
+                      ties_of(_largest_reduction([p for p in found[s] if p.within_relative()]), found[s]))
+                  for s in scopes},
         ))
     return ClaimCheck(meta=dict(meta or {}), settings=out)
 
@@ -1130,10 +1146,11 @@ def _scope_name(scope: str) -> str:
     return scope
 
 
-def _cells(p: Pick | None, undefined: bool = False) -> list[str]:
+def _cells(p: Pick | None, undefined: bool = False, ties: list[str] | None = None) -> list[str]:
     if p is None:
         return ["undefined (baseline scores 0)" if undefined else "none", "–", "–"]
-    return [f"`{p.strategy}` ({p.family})", pct(p.memory_reduction), ci_text(p)]
+    tied = ", tied with " + ", ".join(f"`{t}`" for t in ties) if ties else ""
+    return [f"`{p.strategy}` ({p.family}){tied}", pct(p.memory_reduction), ci_text(p)]
 
 
 def _needed(n: int) -> str:
@@ -1233,7 +1250,9 @@ def _render_setting(check: SettingCheck, several: bool) -> list[str]:
               "| scope | within 1 point | reduction | Δ accuracy | within 1% relative | reduction | Δ accuracy |",
               "|---|---|---:|---|---|---:|---|"]
     for s in check.scopes:
-        cells = _cells(check.best_pp[s]) + _cells(check.best_relative[s], not check.relative_defined[s])
+        ties_pp, ties_rel = check.ties.get(s, ([], []))
+        cells = (_cells(check.best_pp[s], ties=ties_pp)
+                 + _cells(check.best_relative[s], not check.relative_defined[s], ties_rel))
         lines.append(f"| {_scope_name(s)} | " + " | ".join(cells) + " |")
     lines += _render_headline(check, h2)
     lines += ["", f"{h2} Scenarios", "",
@@ -1249,11 +1268,12 @@ def _render_setting(check: SettingCheck, several: bool) -> list[str]:
         if not r.measured:
             lines.append(f"| {sc.title} | `{sc.task}` | not measured | – | {sc.claim} | – | – |")
             continue
+        tied = "".join(f" = `{t}`" for t in r.winner_ties)
         if r.winner is not None:
-            win, strat = r.winner.family, f"`{r.winner.strategy}`"
+            win, strat = r.winner.family, f"`{r.winner.strategy}`{tied}"
         else:
             win = "none within 1 point"
-            strat = f"closest: `{r.closest.strategy}`" if r.closest else "–"
+            strat = f"closest: `{r.closest.strategy}`{tied}" if r.closest else "–"
         lines.append(f"| {sc.title} | `{sc.task}` | {win} | {strat} | {sc.claim} | {r.verdict} | "
                      f"{_needed(r.n_needed)} |")
     lines.append("")

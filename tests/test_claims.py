@@ -259,3 +259,11 @@ def test_secondary_endpoints_have_clustered_intervals_or_say_they_are_constant()
     assert top1.estimate == pytest.approx(5.7 / 6) and top1.low < top1.high <= 1.0
     kl = out[SECONDARY[2]]  # 0 on every question: no interval, never a zero-width one
     assert kl.estimate == 0 and math.isnan(kl.low) and "constant" in kl.method
+
+
+def test_identical_figures_are_listed_as_ties_in_the_point_estimate_tables():
+    recs = _records({"full": [1, 1, 0, 1], "int8": [1, 1, 0, 1], "bfp": [1, 1, 0, 1], "int4": [1, 0, 0, 1]},
+                    reduction={"int8": 0.48, "bfp": 0.48, "int4": 0.7})
+    text = claims.render_claims(claims.check_claims(summarize(recs), records=recs))
+    assert "`bfp` (quantization), tied with `int8`" in text  # not int8 ranked below bfp by its name
+    assert "| `bfp` = `int8` |" in text
