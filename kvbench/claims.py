@@ -930,33 +930,46 @@ def _recompute_test(res: ScenarioResult, summary: pd.DataFrame, task_picks: list
 
 def _quant_step_test(res: ScenarioResult, summary: pd.DataFrame, task_picks: list[Pick],
                      records: pd.DataFrame | None) -> None:
+    """Of the quantizer pairs closest in memory (a step change changes the bytes, so equal memory is no
+    step), the coarser scores ``size`` points less on late facts. Every pair at the closest distance is
+    tested (Holm over them) — none is chosen by name; holds when all hold, fails when all fail."""
     sc = res.scenario
     quant = [p for p in task_picks if p.family == "quantization" and not math.isnan(p.memory_reduction)]
-    if len(quant) < 2:
-        res.evidence = f"not testable on `{sc.task}`: needs two quantization strategies."
+    pairs = [(abs(p.memory_reduction - q.memory_reduction), p, q) for i, p in enumerate(quant) for q in quant[i + 1:]
+             if abs(p.memory_reduction - q.memory_reduction) > 1e-9]
+    if not pairs:
+        res.evidence = f"not testable on `{sc.task}`: needs two quantization strategies of different memory."
         return
-    pairs = sorted(((abs(p.memory_reduction - q.memory_reduction), p.strategy, q.strategy, p, q)
-                    for i, p in enumerate(quant) for q in quant[i + 1:]), key=lambda t: t[:3])
-    _, _, _, p, q = pairs[0]
-    fine, coarse = (p, q) if p.memory_reduction <= q.memory_reduction else (q, p)
-    res.holds = fine.delta_pp - coarse.delta_pp >= sc.size_pp
-    if records is not None and _has_depth(records, sc.task):
-        late = contrast(fine, coarse, sc.task, records, (LATE_DEPTH, 1.0))
-        if late is None:
-            depths = sorted({round(d, 2) for d in _depths(records, sc.task)})
-            whole = contrast(fine, coarse, sc.task, records)
-            res.holds = None
-            res.evidence = (f"not testable on these records: the `{sc.task}` samples place the fact at depths "
-                            f"{', '.join(f'{d:g}' for d in depths)} of the text, none in the last third. On all "
-                            f"samples, {whole.text() if whole else 'no common samples'}.")
-            return
-        res.evidence = f"On `{sc.task}`, facts in the last third of the text:"
-        _decide_size(res, late, sc.size_pp, f"a cut of {sc.size_pp:g} points")
+    closest = min(d for d, _, _ in pairs)
+    steps = sorted(((p, q) if p.memory_reduction <= q.memory_reduction else (q, p)
+                    for d, p, q in pairs if d <= closest + 1e-9), key=lambda t: (t[0].strategy, t[1].strategy))
+    res.holds = all(fine.delta_pp - coarse.delta_pp >= sc.size_pp for fine, coarse in steps)
+    late_depth = records is not None and _has_depth(records, sc.task)
+    found = [c for fine, coarse in steps
+             if (c := contrast(fine, coarse, sc.task, records, (LATE_DEPTH, 1.0) if late_depth else None))]
+    if late_depth and not found:
+        depths = sorted({round(d, 2) for d in _depths(records, sc.task)})
+        wholes = [contrast(fine, coarse, sc.task, records) for fine, coarse in steps]
+        res.holds = None
+        res.evidence = (f"not testable on these records: the `{sc.task}` samples place the fact at depths "
+                        f"{', '.join(f'{d:g}' for d in depths)} of the text, none in the last third. On all "
+                        f"samples, {'; '.join(w.text() for w in wholes if w) or 'no common samples'}.")
         return
-    res.evidence = f"On `{sc.task}` (all samples: the records carry no depth of the fact):"
-    c = contrast(fine, coarse, sc.task, records)
-    if c is not None:
-        _decide_size(res, c, sc.size_pp, f"a cut of {sc.size_pp:g} points")
+    res.evidence = (f"On `{sc.task}`, facts in the last third of the text:" if late_depth else
+                    f"On `{sc.task}` (all samples: the records carry no depth of the fact):")
+    if len(found) == 1:
+        _decide_size(res, found[0], sc.size_pp, f"a cut of {sc.size_pp:g} points")
+        return
+    found = _with_holm(found)
+    verdicts = [_size_verdict(c, sc.size_pp) for c in found]
+    res.verdict = (HOLDS if all(v == HOLDS for v in verdicts) else FAILS if all(v == FAILS for v in verdicts)
+                   else UNDETERMINED)
+    if res.verdict == UNDETERMINED:
+        res.n_needed = max((c.questions_needed(sc.size_pp) for c, v in zip(found, verdicts, strict=True)
+                            if v == UNDETERMINED), default=0)
+    res.evidence += (f" {len(found)} pairs are equally close in memory, all tested: "
+                     + "; ".join(f"{c.text()} ({v})" for c, v in zip(found, verdicts, strict=True)) + ".")
+
 
 
 def _forgets_test(res: ScenarioResult, summary: pd.DataFrame, task_picks: list[Pick],

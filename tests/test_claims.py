@@ -267,3 +267,12 @@ def test_identical_figures_are_listed_as_ties_in_the_point_estimate_tables():
     text = claims.render_claims(claims.check_claims(summarize(recs), records=recs))
     assert "`bfp` (quantization), tied with `int8`" in text  # not int8 ranked below bfp by its name
     assert "| `bfp` = `int8` |" in text
+
+
+def test_quantization_step_tests_every_equally_close_pair():
+    recs = _records({"full": [1] * 6, "int8": [1] * 6, "fp8": [1] * 6, "bfp": [1] * 6}, task="fiction",
+                    reduction={"int8": 0.48, "fp8": 0.50, "bfp": 0.52}, depths=[0.8] * 6)
+    res = claims.scenario(summarize(recs), claims.SCENARIOS[5], recs)
+    assert "2 pairs are equally close in memory" in res.evidence
+    assert "`int8` − `fp8`" in res.evidence and "`fp8` − `bfp`" in res.evidence
+    assert res.verdict == claims.UNDETERMINED and res.n_needed > 0  # 6 agreeing questions allow a 0.8-point cut
