@@ -1225,8 +1225,10 @@ def _render_headline(check: SettingCheck, h2: str) -> list[str]:
         if not h.testable:
             lines.append(f"| {_scope_name(s)} | not testable | – | – | – |")
             continue
-        lines.append(f"| {_scope_name(s)} | {h.verdict} | {len(h.members)} | {_needed(h.n_needed)} | "
-                     f"{h.pick.cite() if h.pick else '–'} |")
+        best = next((m.comparison for m in h.members if h.pick and m.comparison.a == h.pick.strategy), None)
+        cell = (f"`{best.a}`: {pct(h.pick.memory_reduction)} less KV memory, {best.interval_text()} "
+                f"({best.sizes()})" if best else h.pick.cite() if h.pick else "–")
+        lines.append(f"| {_scope_name(s)} | {h.verdict} | {len(h.members)} | {_needed(h.n_needed)} | {cell} |")
     lines.append("")
     for s in check.scopes:
         lines.append(f"- **{_scope_name(s)}**: {check.headline[s].sentence}")
