@@ -1,5 +1,5 @@
 """Command line: ``python -m kvbench [hydra overrides]`` runs a benchmark; ``kvbench calc|hardware|leaderboard|
-lmeval|sweep ...`` dispatch to their own tools. Bad input ends with one line on stderr and exit status 2, never a
+lmeval|plan|sweep ...`` dispatch to their own tools. Bad input ends with one line on stderr and exit status 2, never a
 traceback, and nothing written. Before the first job starts, every job of a (multi)run is composed and its values
 that need no model are checked (overrides, strategy parameters by building the strategies, engine and sample
 counts: :func:`kvbench.config.check_overrides`); what needs the model or the data (task files, context lengths)
@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "hardware": "kvbench.hardware",
     "leaderboard": "kvbench.leaderboard",
     "lmeval": "kvbench.lmeval",
+    "plan": "kvbench.plan",
     "sweep": "kvbench.sweep",
 }
 SUBCOMMAND_HELP = {
@@ -30,6 +31,7 @@ SUBCOMMAND_HELP = {
     "hardware": "measure this machine into a hardware profile (`kvbench hardware probe`)",
     "leaderboard": "tables, claim check and plots from the result store",
     "lmeval": "lm-evaluation-harness with a compressed cache",
+    "plan": "questions each claim needs to be decided (spec v1.2 §2.4), from the store or from assumptions",
     "sweep": "a named grid (conf/sweep/*.yaml) as Hydra multiruns, with a time projection (--dry-run)",
 }
 

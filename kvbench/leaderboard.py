@@ -87,8 +87,13 @@ def overall_summary(records: pd.DataFrame, tasks: Sequence[str]) -> pd.DataFrame
     """Per-strategy figures pooled over ``tasks`` (task column :data:`OVERALL`), paired per sample.
 
     Only strategies measured on every task are pooled: a strategy seen on the easy task alone would
-    otherwise look better than one measured everywhere.
+    otherwise look better than one measured everywhere. Only one context length is pooled (spec v1.2 §2.3):
+    the one most tasks were measured at (the longest on a tie); tasks at other lengths keep their own columns.
     """
+    if "context_tokens" in records and records["context_tokens"].notna().any():
+        per_length = records.groupby("context_tokens")["task"].nunique()
+        records = records[records["context_tokens"] == max(per_length.index, key=lambda t: (per_length[t], t))]
+        tasks = [t for t in tasks if t in set(records["task"])]
     have = records.groupby("strategy")["task"].agg(lambda s: set(s))
     complete = [s for s, seen in have.items() if set(tasks) <= seen]
     pooled = records[records["strategy"].isin(complete)].copy()
@@ -294,8 +299,9 @@ def display_columns(lb: Leaderboard, table: pd.DataFrame | None = None) -> list[
         for col, header, kind in metrics:
             key = f"{scope}.{col}"
             if kind == "delta":
-                cells = [fmt_delta(d, lo, hi) for d, lo, hi in
-                         zip(t[key], t[f"{scope}.delta_ci_low"], t[f"{scope}.delta_ci_high"], strict=True)]
+                cells = ["reference" if s == BASELINE else fmt_delta(d, lo, hi) for s, d, lo, hi in
+                         zip(t["strategy"], t[key], t[f"{scope}.delta_ci_low"], t[f"{scope}.delta_ci_high"],
+                             strict=True)]
             else:
                 cells = [fmt(v, kind) for v in t[key]]
             cols.append((f"{name}: {header}", key, cells))
@@ -323,7 +329,9 @@ def _header_lines(lb: Leaderboard) -> list[str]:
         "keeps only its hot tier on the device, so its figure is device memory, not bytes saved. "
         "KV B/tok: bytes held per context token. prefill s: the shared full-attention prefill (median); "
         "decode ms/tok: median time per output token (spec §3). *all tasks* pools the samples of every task "
-        "(strategies measured on every task only). Strategies are named by the parameters that differ from "
+        "measured at the most common context length, never across lengths (strategies measured on every such "
+        "task only). These columns are exploratory: unclustered and unadjusted; verdicts are in "
+        "claim_check.md (spec §2.2-2.3). Strategies are named by the parameters that differ from "
         "their defaults; the full parameters are in leaderboard.csv.",
         "",
         f"Sorted by `{lb.sort}` ({direction}) within each query setting. Regenerate with `kvbench leaderboard`; "

@@ -1,8 +1,9 @@
-"""Run summaries: per (task, setting, strategy) aggregates of the spec v1.1 metrics, and the end-of-run table."""
+"""Run summaries: per (task, setting, strategy) aggregates of the spec v1.2 metrics, and the end-of-run table."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -13,6 +14,9 @@ from rich.table import Table
 from kvbench.record import AGGREGATED, PAIRED, Metric
 from kvbench.results import printable
 from kvbench.spec import accuracy_delta, accuracy_interval, binary_metric
+
+#: ``delta_method`` of the baseline's own row: the reference, with no interval.
+REFERENCE = "reference"
 
 BASELINE = "full"
 #: ``setting`` of a record: the question is in the compressed prefix (kvbench's default) or asked after
@@ -46,6 +50,9 @@ def summarize(records: pd.DataFrame, baseline: str = BASELINE, seed: int = 0) ->
         delta = accuracy_delta(paired["score_base"].to_numpy(), paired["score"].to_numpy(), seed=seed,
                                binary=binary)
         acc, acc_lo, acc_hi = accuracy_interval(grp["score"].to_numpy(), binary=binary, seed=seed)
+        if strategy == baseline:  # the reference itself: spec v1.2 gives it no interval against itself
+            delta = replace(delta, ci_low=float("nan"), ci_high=float("nan"), method=REFERENCE,
+                            mcnemar_p=float("nan"))
         paired_figures = {
             "n": len(grp),
             "accuracy": acc,

@@ -1,4 +1,4 @@
-"""Measurement spec v1.1, implemented in one place (the text is ``docs/measurement-spec.md``).
+"""Measurement spec v1.2, implemented in one place (the text is ``docs/measurement-spec.md``).
 
 Every record carries :data:`SPEC_VERSION`; reports refuse to rank records of different versions together.
 """

@@ -364,11 +364,11 @@ def test_claim_check_markdown_is_generated_from_the_numbers():
         _row("papers", "snapkv", "eviction", 0.50, -4.0, -7.0, -1.0, kept=0.5),
     ])
     text = claims.render_claims(claims.check_claims(s, {"model": "m", "spec_version": "1.0"}))
-    assert "Model **m**" in text and "| papers | holds | yes | yes | yes |" in text
+    assert "Model **m**" in text and "| papers | holds | 2 | – |" in text
     assert "| paper reading | `papers` | quantization |" in text
     worse = s.assign(delta_pp=s["delta_pp"] * 30, delta_ci_low=s["delta_ci_low"] * 30)
     text = claims.render_claims(claims.check_claims(worse))
-    assert "| papers | undetermined at this n | no | no |" in text and "none within 1 point" in text
+    assert "| papers | undetermined at this n | 2 |" in text and "none within 1 point" in text
 
 
 def test_fiction_evidence_breaks_the_loss_down_by_depth(records):

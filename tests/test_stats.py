@@ -114,3 +114,125 @@ def test_wilson_properties(n, data):
     k = data.draw(st.integers(0, n))
     lo, hi = stats.wilson_interval(k, n)
     assert 0 <= lo <= k / n <= hi <= 1 and hi > lo
+
+
+# ----------------------------------------------------------------------------- spec v1.2: clusters
+
+
+def _docs(sizes: list[int]) -> list[str]:
+    return [f"d{g}" for g, m in enumerate(sizes) for _ in range(m)]
+
+
+def test_cluster_bootstrap_widens_when_all_failures_sit_in_one_document():
+    # 40 paired questions from 8 documents of 5; the strategy loses 5 of them. Spread one per document,
+    # the documents look alike; all in one document, a resample holds that document 0, 1, 2... times and
+    # the loss swings with it.
+    docs = _docs([5] * 8)
+    spread = np.zeros(40)
+    spread[[0, 5, 10, 15, 20]] = -1
+    one_doc = np.zeros(40)
+    one_doc[:5] = -1
+    w_spread = np.diff(stats.ClusterBootstrap(spread, tuple(docs)).interval())[0]
+    w_one = np.diff(stats.ClusterBootstrap(one_doc, tuple(docs)).interval())[0]
+    w_iid = np.diff(stats.ClusterBootstrap(one_doc, tuple(range(40))).interval())[0]  # every question alone
+    assert w_one > 1.5 * w_iid and w_one > 1.5 * w_spread
+    # the same through the design effect: Rao-Scott's effective n shrinks, Newcombe's interval widens
+    d_one, d_spread = stats.design_effect(one_doc, docs), stats.design_effect(spread, docs)
+    assert d_one.source == d_spread.source == stats.DEFF_DIFFERENCES
+    assert d_one.value > 4 and d_spread.value == 1.0  # clustered vs (below 1, floored) not clustered
+    counts = stats.paired_counts(one_doc + 1, np.ones(40))  # strategy scores vs baseline all correct
+    clustered = stats.PairedBinary(counts, d_one).interval()
+    flat = stats.PairedBinary(counts, stats.DesignEffect(1.0, stats.DEFF_DIFFERENCES)).interval()
+    assert clustered[0] < flat[0] - 0.1
+
+
+def test_cr_design_effect_matches_hand_computation():
+    # 2 clusters of 2: x = [1, 1, 0, 0], mean 0.5, residuals ±0.5, cluster sums ±1.
+    # CR1: 2/1 * (1 + 1) / 4**2 = 0.25; iid: (4 * 0.25) / (4 * 3) = 1/12; ratio 3 (the G/(G-1) factor puts it
+    # above the ICC = 1 value of 2 at two clusters).
+    assert stats.cr_design_effect([1, 1, 0, 0], ["a", "a", "b", "b"]) == pytest.approx(3.0)
+    assert math.isnan(stats.cr_design_effect([1, 1, 1, 1], ["a", "a", "b", "b"]))  # constant
+    assert math.isnan(stats.cr_design_effect([1, 0], ["a", "a"]))  # one cluster
+    assert stats.worst_case_design_effect(_docs([3, 1])) == pytest.approx((9 + 1) / 4)
+
+
+def test_design_effect_rule_falls_back_in_order():
+    docs = _docs([4, 4, 4])
+    diffs = np.zeros(12)
+    base = np.array([1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1], dtype=float)  # the baseline clusters perfectly
+    d = stats.design_effect(diffs, docs, baseline=base)
+    assert d.source == stats.DEFF_BASELINE and d.value > 3
+    d = stats.design_effect(diffs, docs, baseline=np.ones(12))
+    assert d.source == stats.DEFF_WORST and d.value == pytest.approx(4.0)  # equal sizes: m
+    one = np.zeros(12)
+    one[0] = -1  # a single discordant question says nothing about clustering
+    assert stats.design_effect(one, docs).source == stats.DEFF_WORST
+
+
+def test_zero_flips_never_give_a_zero_width_interval():
+    # 100 questions in 25 documents of 4, never a disagreement, the baseline always right: every variance
+    # is 0, the worst-case design effect is 4, and the interval is the exact zero-flip bound at n_eff = 25.
+    docs = _docs([4] * 25)
+    deff = stats.design_effect(np.zeros(100), docs, baseline=np.ones(100))
+    test = stats.PairedBinary(stats.PairedCounts(100, 0, 0, 0), deff)
+    lo, hi = test.interval()
+    bound = 1 - 0.025 ** (1 / 25)
+    assert deff.value == 4.0 and test.method.endswith("exact-zero")
+    assert lo == pytest.approx(-bound) and hi == pytest.approx(bound) and bound > 0.13
+    # and the bootstrap alone would have given zero width
+    assert stats.ClusterBootstrap(np.zeros(100), tuple(docs)).degenerate
+
+
+def test_one_sided_p_inverts_the_interval():
+    test = stats.PairedBinary(stats.PairedCounts(40, 2, 6, 12), stats.DesignEffect(1.3, stats.DEFF_DIFFERENCES))
+    lo, hi = test.interval()
+    assert test.p_greater(lo) == pytest.approx(0.025, abs=1e-6)
+    assert test.p_less(hi) == pytest.approx(0.025, abs=1e-6)
+    assert test.p_greater(lo + 0.01) > 0.025 > test.p_greater(lo - 0.01)
+
+
+def test_holm_against_a_hand_worked_example():
+    # p = (0.01, 0.04, 0.03, 0.005), m = 4. Sorted: 0.005*4 = 0.02, 0.01*3 = 0.03, 0.03*2 = 0.06,
+    # 0.04*1 = 0.04 -> made monotone 0.06. Back in input order: 0.03, 0.06, 0.06, 0.02.
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm([0.5]) == [0.5] and stats.holm([]) == []
+    assert stats.holm([0.3, 0.4]) == pytest.approx([0.6, 0.6])
+    try:
+        from statsmodels.stats.multitest import multipletests
+    except ImportError:
+        return
+    p = [0.001, 0.2, 0.012, 0.04, 0.03]
+    assert stats.holm(p) == pytest.approx(list(multipletests(p, method="holm")[1]))
+
+
+def test_connor_paired_sample_size_against_the_published_example():
+    # Connor (1987), Biometrics 43:207-211, eq. 3 at p10 = 0.05, p01 = 0.45, two-sided 5%, 80% power: 23 pairs
+    # (the worked example of the open-powersamplesize / HyLown "Compare Paired Proportions: McNemar" calculator,
+    # which cites Connor 1987 p. 209: n = 22.01 -> 23).
+    assert stats.paired_n(0.05, 0.45, margin=0.0, alpha=0.025, power=0.8) == 23
+    assert stats.paired_n(0.45, 0.05) == 23  # the direction does not matter at margin 0
+    # Non-inferiority at 1 point with int8's observed discordance (1 in 51, no net loss): ~1,534 pairs.
+    assert stats.paired_n(1 / 102, 1 / 102, margin=0.01) == 1534
+    assert math.isinf(stats.paired_n(0.01, 0.0, margin=0.01))  # the truth sits on the margin
+
+
+def test_zero_flip_sample_size_and_the_issue_s_409():
+    # Exact (Clopper-Pearson, one-sided 97.5%) zero-flip bound under 1 point: ln 0.025 / ln 0.99 = 367.04.
+    assert stats.zero_count_bound(368) <= 0.01 < stats.zero_count_bound(367)
+    # Newcombe's interval at zero flips and a perfect baseline: z^2 / (n + z^2) < 0.01 -> n > 99 z^2 = 380.3.
+    assert stats.n_zero_flips(0.01, 1.0) == 381
+    # The issue's "409 with zero flips" is Newcombe's interval at a baseline of ~97% accuracy (408-409).
+    assert stats.n_zero_flips(0.01, 0.97) in (408, 409)
+    # Never fewer than the exact bound allows, whatever the baseline (at 90% Newcombe alone needs 362).
+    assert stats.n_zero_flips(0.01, 0.9) == 368
+
+
+def test_questions_needed_uses_the_upper_bound_of_an_unseen_discordance_and_the_design_effect():
+    n_seen = stats.questions_needed(0.0, 0.0, 400, 0.01, 1.0)
+    psi = stats.zero_count_bound(400)
+    assert n_seen == stats.paired_n(psi / 2, psi / 2, 0.01)
+    assert stats.questions_needed(0.0, 0.0, 400, 0.01, 1.0, deff=2.0) == 2 * n_seen
+    # a tiny observed discordance cannot go below the n at which zero flips decide
+    assert stats.questions_needed(0.0005, 0.0005, 4000, 0.01, 1.0) == stats.n_zero_flips(0.01, 1.0)
+    # a strategy clearly losing more than the margin is shown to fail quickly (no zero-flip floor there)
+    assert stats.questions_needed(0.5, 0.0, 10, 0.01, 1.0) < 20

@@ -1,0 +1,317 @@
+"""Paired, clustered comparisons from records, and non-inferiority verdicts (measurement spec v1.2 §2.2-2.4).
+
+A comparison pairs two strategies' (or a strategy's and ``full``'s) records question by question on one
+scope, clusters the questions by the document they were drawn from, and gives the difference with a
+cluster-aware 95% interval (:mod:`kvbench.stats`): Newcombe's interval on Rao-Scott effective counts for
+binary scores (exact zero-count bound where the arms never disagree), a paired cluster bootstrap for
+continuous ones. Every comparison carries ``n_questions``, ``n_contexts`` and ``n_documents``.
+
+Clusters (the integrator's record convention): ``document_id`` — for records without it,
+``sample_meta["source_docs"][0]``, else the sample id; ``context_id`` — else the sample id. Both are
+namespaced by task, since fallback sample ids repeat across tasks.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from kvbench import stats
+from kvbench.spec import binary_metric
+from kvbench.stats import CI_LEVEL, POWER
+
+#: The pre-registered non-inferiority margin of "<1% accuracy loss": 1 point of task accuracy, absolute.
+MARGIN_PP = 1.0
+#: One-sided level of every directional verdict: the two-sided 95% interval's end.
+ALPHA = (1 - CI_LEVEL) / 2
+HOLDS, FAILS, UNDETERMINED = "holds", "fails", "undetermined at this n"
+PRIMARY = "task accuracy"
+SECONDARY = ("gold-answer NLL, relative change", "top-1 agreement", "KL(full ‖ strategy), nats")
+
+
+# ------------------------------------------------------------------------------------------- clusters
+
+
+def _meta(value: Any) -> dict:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _present(v: Any) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v)) and str(v) != ""
+
+
+@functools.lru_cache(maxsize=65536)
+def _first_source_doc(meta: str) -> str | None:
+    docs = _meta(meta).get("source_docs")
+    return str(docs[0]) if isinstance(docs, (list, tuple)) and docs else None
+
+
+def document_ids(records: pd.DataFrame) -> pd.Series:
+    """Each record's document: ``document_id``, else ``sample_meta["source_docs"][0]``, else the sample id;
+    prefixed by the task."""
+    n = len(records)
+    given = records["document_id"] if "document_id" in records else pd.Series([None] * n, index=records.index)
+    meta = records["sample_meta"] if "sample_meta" in records else pd.Series([None] * n, index=records.index)
+    out = []
+    for task, doc, m, sid in zip(records["task"], given, meta, records["sample_id"], strict=True):
+        if not _present(doc):
+            doc = (_first_source_doc(m) if isinstance(m, str) else None) or sid
+        out.append(f"{task}:{doc}")
+    return pd.Series(out, index=records.index, dtype=object)
+
+
+def context_ids(records: pd.DataFrame) -> pd.Series:
+    """Each record's context: ``context_id``, else the sample id; prefixed by the task."""
+    ctx = records["context_id"] if "context_id" in records else pd.Series(None, index=records.index)
+    return pd.Series([f"{t}:{c if _present(c) else s}" for t, c, s in
+                      zip(records["task"], ctx, records["sample_id"], strict=True)], index=records.index, dtype=object)
+
+
+# ---------------------------------------------------------------------------------------- comparisons
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """``a`` − ``b`` on one endpoint and scope: estimate and two-sided 95% interval in the endpoint's unit
+    (points for task accuracy), the test behind it, and the sizes of the sample it rests on."""
+
+    a: str
+    b: str
+    endpoint: str
+    estimate: float
+    low: float
+    high: float
+    method: str
+    n_questions: int
+    n_contexts: int
+    n_documents: int
+    deff: float = float("nan")
+    deff_source: str = ""
+    a_mean: float = float("nan")
+    b_mean: float = float("nan")
+    only_a: int = 0  # binary: questions only a gets right
+    only_b: int = 0
+    scale: float = 100.0  # endpoint unit per fraction (points)
+    unit: str = "pp"
+    test: Any = field(default=None, repr=False, compare=False)  # stats.PairedBinary | ClusterBootstrap | None
+
+    @property
+    def binary(self) -> bool:
+        return isinstance(self.test, stats.PairedBinary)
+
+    def p_greater(self, null: float) -> float:
+        """One-sided p of H0: a − b <= ``null`` (endpoint units); from the interval when there is no test."""
+        if self.test is None:
+            return _p_from_interval(self, null, greater=True)
+        return self.test.p_greater(null / self.scale)
+
+    def p_less(self, null: float) -> float:
+        if self.test is None:
+            return _p_from_interval(self, null, greater=False)
+        return self.test.p_less(null / self.scale)
+
+    def p_two_sided(self) -> float:
+        if self.test is None:
+            return min(1.0, 2 * min(self.p_greater(0.0), self.p_less(0.0)))
+        return self.test.p_two_sided()
+
+    def sizes(self) -> str:
+        docs = "?" if self.n_documents < 0 else str(self.n_documents)
+        ctx = "?" if self.n_contexts < 0 else str(self.n_contexts)
+        return f"n = {self.n_questions} questions / {ctx} contexts / {docs} documents"
+
+    def interval_text(self) -> str:
+        unit = f" {self.unit}" if self.unit else ""
+
+        def f(v: float) -> str:
+            return "–" if math.isnan(v) else f"{v:+.1f}" if self.unit == "pp" else f"{v:+.3g}"
+        if math.isnan(self.low):
+            return f"{f(self.estimate)}{unit} (no interval: {self.method})"
+        return f"{f(self.estimate)}{unit} [95% CI {f(self.low)}, {f(self.high)}]"
+
+    def text(self) -> str:
+        """```a` − `b` = +2.0 pp [95% CI …] (newcombe-rao-scott, design effect 1.4 from …; n = …)``."""
+        if self.endpoint != PRIMARY:  # a secondary endpoint is the strategy's own figure against the baseline
+            return (f"{self.endpoint} of `{self.a}` against `{self.b}`: {self.interval_text()} "
+                    f"({self.method}; {self.sizes()})")
+        deff = (f", design effect {self.deff:.2f} from the {self.deff_source}"
+                if not math.isnan(self.deff) else "")
+        disc = f", {self.only_a} only-A / {self.only_b} only-B correct" if self.binary else ""
+        return (f"`{self.a}` − `{self.b}` = {self.interval_text()} ({self.method}{deff}{disc}; {self.sizes()})")
+
+    def questions_needed(self, margin: float, power: float = POWER) -> int:
+        """Questions at which this comparison would be decided against ``−margin`` points (spec v1.2 §2.4),
+        at its observed discordance (binary) or spread (continuous) and design effect."""
+        deff = 1.0 if math.isnan(self.deff) else self.deff
+        if self.binary:
+            n = self.n_questions
+            return stats.questions_needed(self.only_b / n, self.only_a / n, n, margin / self.scale,
+                                          self.b_mean if not math.isnan(self.b_mean) else 0.5, deff,
+                                          CI_LEVEL, power)
+        # Continuous, or only an interval: the normal approximation at the interval's standard error.
+        se = (self.high - self.low) / (2 * float(sps.norm.ppf(1 - ALPHA)))
+        gap = abs(self.estimate + margin)
+        if math.isnan(se) or gap == 0 or self.n_questions == 0:
+            return 0
+        z = float(sps.norm.ppf(1 - ALPHA) + sps.norm.ppf(power))
+        return int(math.ceil(self.n_questions * (z * se / gap) ** 2))
+
+
+def _p_from_interval(c: Comparison, null: float, greater: bool) -> float:
+    """Without records only an interval is known: its one-sided p by a normal approximation."""
+    se = (c.high - c.low) / (2 * float(sps.norm.ppf(1 - ALPHA)))
+    if math.isnan(se) or se <= 0:
+        return float("nan")
+    z = (c.estimate - null) / se
+    return float(sps.norm.sf(z) if greater else sps.norm.cdf(z))
+
+
+def _pair(records: pd.DataFrame, a: str, b: str, columns: Sequence[str]) -> pd.DataFrame:
+    keep = ["sample_id", "task", *[c for c in columns if c in records]]
+    ids = [c for c in ("document_id", "context_id", "sample_meta") if c in records]
+    left = records.loc[records["strategy"] == a, list(dict.fromkeys(keep + ids))]
+    left = left.assign(_doc=document_ids(left), _ctx=context_ids(left))[keep + ["_doc", "_ctx"]]
+    right = records[records["strategy"] == b][keep]
+    both = left.merge(right, on=["task", "sample_id"], suffixes=("_a", "_b"))
+    return both.sort_values(["task", "sample_id"], kind="mergesort").reset_index(drop=True)
+
+
+def compare(records: pd.DataFrame, a: str, b: str, seed: int = 0) -> Comparison | None:
+    """``a`` − ``b`` in task accuracy (points) on the questions both were scored on in ``records`` (already
+    restricted to one scope and setting). ``None`` when they share no question."""
+    both = _pair(records, a, b, ["score", "metric"])
+    if both.empty:
+        return None
+    sa, sb = both["score_a"].to_numpy(float), both["score_b"].to_numpy(float)
+    docs = tuple(both["_doc"])
+    metrics = sorted(set(both.get("metric_a", pd.Series(dtype=object)).dropna())
+                     | set(both.get("metric_b", pd.Series(dtype=object)).dropna()))
+    binary = binary_metric(metrics)
+    if binary is None:
+        binary = stats.is_binary(sa) and stats.is_binary(sb)
+    sizes = dict(n_questions=len(both), n_contexts=both["_ctx"].nunique(), n_documents=len(set(docs)))
+    method_prefix = ""
+    if not binary:
+        boot = stats.ClusterBootstrap(sa - sb, docs, seed=seed)
+        if not boot.degenerate:
+            lo, hi = boot.interval()
+            return Comparison(a, b, PRIMARY, 100 * boot.estimate, 100 * lo, 100 * hi, "cluster-bootstrap",
+                              **sizes, a_mean=float(sa.mean()), b_mean=float(sb.mean()), test=boot)
+        # Every resample agrees: the spec's binary interval of the rounded scores (never zero width).
+        sa, sb, method_prefix = np.round(sa), np.round(sb), "rounded, "
+    counts = stats.paired_counts(sa, sb)
+    deff = stats.design_effect(sa - sb, docs, baseline=sb)
+    test = stats.PairedBinary(counts, deff)
+    lo, hi = test.interval()
+    return Comparison(a, b, PRIMARY, 100 * test.estimate, 100 * lo, 100 * hi, method_prefix + test.method,
+                      **sizes, deff=deff.value, deff_source=deff.source, a_mean=float(sa.mean()),
+                      b_mean=float(sb.mean()), only_a=counts.only_a, only_b=counts.only_b, test=test)
+
+
+def secondary(records: pd.DataFrame, strategy: str, baseline: str, seed: int = 0) -> list[Comparison]:
+    """The secondary endpoints of ``strategy`` against ``baseline`` with paired cluster-bootstrap intervals:
+    relative change of the gold answer's NLL (a ratio of sums), top-1 agreement and KL (means). An endpoint
+    constant on every question gets no interval (method says so) rather than a zero-width one."""
+    both = _pair(records, strategy, baseline, ["gold_nll", "top1_agreement", "kl"])
+    out = []
+    if both.empty:
+        return out
+    docs = tuple(both["_doc"])
+    sizes = dict(n_questions=len(both), n_contexts=both["_ctx"].nunique(), n_documents=len(set(docs)))
+    parts = []
+    if {"gold_nll_a", "gold_nll_b"} <= set(both):
+        parts.append((SECONDARY[0], both["gold_nll_a"] - both["gold_nll_b"], both["gold_nll_b"]))
+    if "top1_agreement_a" in both:
+        parts.append((SECONDARY[1], both["top1_agreement_a"], None))
+    if "kl_a" in both:
+        parts.append((SECONDARY[2], both["kl_a"], None))
+    for name, num, den in parts:
+        ok = num.notna() & (den.notna() if den is not None else True)
+        if not ok.any():
+            continue
+        boot = stats.ClusterBootstrap(num[ok].to_numpy(float), tuple(np.asarray(docs, dtype=object)[ok.to_numpy()]),
+                                      None if den is None else den[ok].to_numpy(float), seed=seed)
+        lo, hi = boot.interval()
+        method = "cluster-bootstrap"
+        if boot.degenerate:
+            lo = hi = float("nan")
+            method = "constant on every question"
+        out.append(Comparison(strategy, baseline, name, boot.estimate, lo, hi, method, **sizes, scale=1.0, unit="",
+                              test=None if boot.degenerate else boot))
+    return out
+
+
+# ------------------------------------------------------------------------------------- verdicts
+
+
+@dataclass(frozen=True)
+class NonInferiority:
+    """A − B >= −margin on the primary endpoint, with Holm's correction within its family."""
+
+    comparison: Comparison
+    margin: float
+    p_holds: float  # one-sided p of H0: a − b <= −margin
+    p_fails: float  # one-sided p of H0: a − b >= −margin
+    p_holds_adj: float
+    p_fails_adj: float
+    family_size: int
+    verdict: str
+
+    def text(self) -> str:
+        return (f"{self.comparison.text()}; non-inferiority at −{self.margin:g} pp: Holm-adjusted one-sided "
+                f"p = {_p(self.p_holds_adj)} (holds below {ALPHA:g}), against it p = {_p(self.p_fails_adj)} "
+                f"(family of {self.family_size})")
+
+
+def _p(v: float) -> str:
+    return "–" if math.isnan(v) else f"{v:.2g}"
+
+
+def noninferiority(comparisons: Sequence[Comparison], margin: float = MARGIN_PP,
+                   alpha: float = ALPHA) -> list[NonInferiority]:
+    """Each comparison's non-inferiority verdict at ``−margin``, Holm-adjusted within the given family.
+
+    holds when the adjusted p of H0 (loss >= margin) is below ``alpha`` — with one member exactly "the
+    two-sided 95% interval's lower end is above −margin"; fails when the adjusted p of the opposite H0 is
+    below ``alpha`` (the upper end below −margin); undetermined otherwise. Without p-values (no records),
+    the unadjusted interval decides.
+    """
+    ph = [c.p_greater(-margin) for c in comparisons]
+    pf = [c.p_less(-margin) for c in comparisons]
+    have = not any(math.isnan(v) for v in ph + pf)
+    ph_adj = stats.holm(ph) if have else ph
+    pf_adj = stats.holm(pf) if have else pf
+    out = []
+    for c, h, f, ha, fa in zip(comparisons, ph, pf, ph_adj, pf_adj, strict=True):
+        if have:
+            verdict = HOLDS if ha < alpha else FAILS if fa < alpha else UNDETERMINED
+        else:
+            verdict = HOLDS if c.low > -margin else FAILS if c.high < -margin else UNDETERMINED
+        out.append(NonInferiority(c, margin, h, f, ha, fa, len(comparisons), verdict))
+    return out
+
+
+def identical_scores(records: pd.DataFrame, strategies: Sequence[str]) -> list[list[str]]:
+    """Groups (of two or more) of ``strategies`` whose score vectors on ``records`` are identical question
+    for question: they tie, whatever their names."""
+    vectors: dict[tuple, list[str]] = {}
+    for s in strategies:
+        rows = records[records["strategy"] == s].sort_values(["task", "sample_id"], kind="mergesort")
+        if rows.empty:
+            continue
+        key = tuple(zip(rows["task"], rows["sample_id"], rows["score"].round(12), strict=True))
+        vectors.setdefault(key, []).append(s)
+    return [sorted(v) for v in vectors.values() if len(v) > 1]
