@@ -159,7 +159,7 @@ def directory_digest(root: Path) -> str:
 
 
 def _fallback_cache_file(root: Path) -> Path:
-    from kvbench.models import cache_dir
+    from kvbench.paths import cache_dir
 
     return cache_dir() / "digests" / f"{hashlib.sha256(str(root).encode()).hexdigest()[:16]}.json"
 

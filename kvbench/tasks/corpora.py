@@ -45,7 +45,7 @@ from pathlib import Path
 import yaml
 
 from kvbench.errors import KVBenchError
-from kvbench.models import cache_dir
+from kvbench.paths import cache_dir
 
 # Bump when the extraction or cleaning code changes: cached corpora of another version are rebuilt.
 # 2: works cut into parts of >= MIN_PART_CHARS; every Shakespeare play; Paradise Lost; PLOS starter
