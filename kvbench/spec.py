@@ -25,9 +25,12 @@ __all__ = [
 
 BOOTSTRAP_RESAMPLES = 2000
 #: Task metrics whose per-sample scores are 0 or 1 (lm-eval's per-document ``acc``/``exact_match`` too).
-BINARY_METRICS = ("substring", "exact", "acc", "acc_norm", "exact_match")
+BINARY_METRICS = ("substring", "exact", "acc", "acc_norm", "exact_match", "string_match_part")
 #: Task metrics with scores anywhere in [0, 1].
-CONTINUOUS_METRICS = ("f1", "token_accuracy")
+#: RULER's ``string_match_all`` is the fraction of references found: continuous for multi-value answers; so are
+#: LongBench's ROUGE-L, code similarity and the retrieval / count shares.
+CONTINUOUS_METRICS = ("f1", "token_accuracy", "string_match_all", "rouge_l", "code_sim", "retrieval_score",
+                      "count_score")
 #: ``Delta.method`` of each kind of score.
 NEWCOMBE, BCA = "newcombe-paired", "bca-bootstrap"
 

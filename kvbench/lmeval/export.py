@@ -14,10 +14,11 @@ from typing import Any
 
 from kvbench import SPEC_VERSION
 from kvbench.errors import KVBenchError
+from kvbench.tasks.metrics import TEXT_METRICS
 
 #: lm-eval metric for each kvbench task metric; ``token_accuracy`` tasks (held-out continuations) become
 #: loglikelihood tasks, whose per-sample figures are the gold log-likelihood and whole-continuation match.
-GENERATION_METRICS = ("substring", "exact", "f1")
+GENERATION_METRICS = TEXT_METRICS
 
 
 def process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]:

@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbench.errors import KVBenchError
+from kvbench.tasks.metrics import TEXT_METRICS
 
-METRICS = ("substring", "exact", "f1", "token_accuracy")
+#: Every metric a sample may name: the text metrics of :mod:`kvbench.tasks.metrics` and the engine's own.
+METRICS = (*TEXT_METRICS, "token_accuracy")
 
 
 @dataclass
