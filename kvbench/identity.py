@@ -71,6 +71,10 @@ def task_digest(task_name: str, task_cfg: Any) -> dict[str, Any]:
         if domain:
             entries.update({k: ARCHIVES[k].sha256 for k in DOMAIN_ARCHIVES[domain]}, extractor=str(EXTRACTOR_VERSION))
         return {"kind": "ruler", "corpus": domain, "digest": _combine(entries)}
+    if task_name == "hf":
+        from kvbench.tasks import hf
+
+        return hf.dataset_digest(task_cfg)
     return {"kind": task_name, "digest": None}  # a registered task whose inputs are its config alone
 
 
@@ -174,7 +178,7 @@ def determinants(*, spec: str, task_name: str, task_cfg: dict[str, Any], task_in
     # Where the inputs live is not what they are: paths are left out in favour of the content digests (the
     # records keep the paths), so a moved file keeps its runs and an edited one gets new ones.
     if task_inputs.get("digest"):
-        task_cfg = {k: v for k, v in task_cfg.items() if k not in ("path", "corpus")}
+        task_cfg = {k: v for k, v in task_cfg.items() if k not in ("path", "corpus", "dataset")}
     out = {
         "spec": spec, "task": task_name, "task_config": task_cfg, "task_inputs": task_inputs,
         "model": model_name, "model_digest": model_digest, "dtype": dtype,

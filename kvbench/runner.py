@@ -69,7 +69,7 @@ def dataset_name(task_cfg: Any) -> str:
     (default: the file's stem), so two JSON Lines datasets never pool into one task; ``task=ruler`` and
     ``task=hf`` name the subtask / dataset (``ruler_niah_single_1``, ``hf_<dataset>``)."""
     name = str(task_cfg.name)
-    if name in ("ruler",):  # one task per RULER subtask
+    if name in ("ruler", "hf"):  # one task per RULER subtask / per Hugging Face dataset
         import importlib
 
         return importlib.import_module(f"kvbench.tasks.{name}").record_name(task_cfg)
@@ -118,7 +118,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     store.init(yaml.safe_dump(resolved, sort_keys=False), environment(),
                identity={**determinants, "config_hash": config_hash, "model_path": model_path,
-                         "task_path": task_cfg.get("path") or task_cfg.get("corpus"),
+                         "task_path": task_cfg.get("path") or task_cfg.get("corpus") or task_cfg.get("dataset"),
                          "hardware_digest": stable_hash(hardware, 64),
                          "strategies": [[s.label(), s.params()] for s in strategies]})
 
