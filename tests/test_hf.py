@@ -142,3 +142,36 @@ def test_rouge_l_matches_the_rouge_score_package():
              ("x1 y2 z3", "z3 y2 x1")]
     for pred, ref in pairs:
         assert score("rouge_l", pred, [ref]) == pytest.approx(scorer.score(ref, pred)["rougeL"].fmeasure)
+
+
+# ------------------------------------------------------------------------------------------- end to end
+
+
+def _run(args: list[str]) -> None:
+    from kvbench import cli
+
+    try:
+        cli.main(["model=tiny-llama", "hardware.threads=1", "engine.progress=false", "task.n_samples=1",
+                  "task.max_new_tokens=2", "strategy=snapkv", *args])
+    except SystemExit as exc:
+        assert not exc.code
+
+
+@pytest.mark.parametrize("kind", ["saved", "parquet"])
+def test_runs_through_the_harness(kind, saved_longbench, parquet_file, tmp_path):
+    """python -m kvbench task=hf on the tiny random model: records name the dataset, carry its digest."""
+    from kvbench.results import read_store
+
+    results = tmp_path / "results"
+    if kind == "saved":
+        args = [f"task.dataset={saved_longbench}", "task.preset=longbench"]
+    else:
+        args = [f"task.dataset={parquet_file}", "task.context_field=doc", "task.question_field=q",
+                "task.answers_field=gold", "task.metric=f1"]
+    _run(["task=hf", "task.context_tokens=512", f"results_dir={results}", *args])
+    store = read_store(results)
+    assert set(store["strategy"].str.split("(").str[0]) == {"full", "snapkv"}
+    assert set(store["task"]) == {"hf_longbench_qasper" if kind == "saved" else "hf_my_qa"}
+    assert set(store["metric"]) == {"f1"}
+    digest = identity.task_digest("hf", {"dataset": str(saved_longbench if kind == "saved" else parquet_file)})
+    assert set(store["task_digest"]) == {digest["digest"]}

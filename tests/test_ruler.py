@@ -215,3 +215,25 @@ def test_gold_reply_scores_full_marks():
     for sub in ruler.SUBTASKS:
         for s in _build(sub, tok, n_samples=1):
             assert score(s.metric, tok.decode(s.gold_ids), s.answers) == 1.0
+
+
+def test_runs_through_the_harness(tmp_path):
+    """python -m kvbench task=ruler task.subtask=niah_multikey_2 strategy=snapkv, on the tiny random model."""
+    from kvbench import cli, identity
+    from kvbench.results import read_store
+
+    results = tmp_path / "results"
+    args = ["model=tiny-llama", "hardware.threads=1", "engine.progress=false", "task=ruler",
+            "task.subtask=niah_multikey_2", "task.n_samples=1", "task.context_tokens=512", "task.max_new_tokens=2",
+            "strategy=snapkv", f"results_dir={results}"]
+    try:
+        cli.main(args)
+    except SystemExit as exc:
+        assert not exc.code
+    store = read_store(results)
+    assert set(store["task"]) == {"ruler_niah_multikey_2"} and set(store["metric"]) == {"string_match_all"}
+    assert set(store["strategy"].str.split("(").str[0]) == {"full", "snapkv"}
+    cfg = {"subtask": "niah_multikey_2"}
+    assert set(store["task_digest"]) == {identity.task_digest("ruler", cfg)["digest"]}
+    # the essay haystack's corpus enters the identity; a noise haystack's does not
+    assert identity.task_digest("ruler", {"subtask": "niah_single_2"}) != identity.task_digest("ruler", cfg)
