@@ -95,6 +95,9 @@ def test_jsonl_files_infinitebench_preset(tmp_path):
     (s,) = _build(dataset=str(f), preset="infinitebench")
     assert s.metric == "substring" and s.max_new_tokens == 6 and s.answers == ["71432"]
     assert s.sample_id == "hf_passkey/0"
+    # a glob of files is named after its folder; the subset is then given
+    (g,) = _build(dataset=str(tmp_path / "*.jsonl"), preset="infinitebench", subset="passkey")
+    assert g.answers == ["71432"] and hf.record_name({"dataset": str(tmp_path / "*.jsonl")}) == f"hf_{tmp_path.name}"
 
 
 def test_bad_input_is_one_clear_error(tmp_path, saved_longbench):

@@ -210,8 +210,10 @@ def subset_name(cfg: Any, rows: Any = None) -> str | None:
         return str(given)
     if rows is not None and "dataset" in rows.column_names and len(rows):
         return str(rows[0]["dataset"])
-    stem = Path(_path(cfg).rstrip("/*")).name.split(".")[0]
-    return stem.removesuffix("_e") or None
+    path = Path(_path(cfg))
+    if any(c in path.name for c in "*?["):  # a glob names its folder
+        path = path.parent
+    return path.name.split(".")[0].removesuffix("_e") or None
 
 
 def _preset_metric(preset: str, subset: str | None) -> tuple[str | None, int | None]:
