@@ -20,6 +20,7 @@ from kvbench.errors import KVBenchError
 
 SUBCOMMANDS = {
     "calc": "kvbench.calc",
+    "calibrate": "kvbench.calibrate",
     "hardware": "kvbench.hardware",
     "leaderboard": "kvbench.leaderboard",
     "lmeval": "kvbench.lmeval",
@@ -27,6 +28,7 @@ SUBCOMMANDS = {
     "sweep": "kvbench.sweep",
 }
 SUBCOMMAND_HELP = {
+    "calibrate": "tune a needle task on your corpus until the full baseline reaches a target accuracy",
     "calc": "KV-cache size and time for any model/context/hardware, from the formulas (`kvbench calc claim`)",
     "hardware": "measure this machine into a hardware profile (`kvbench hardware probe`)",
     "leaderboard": "tables, claim check and plots from the result store",

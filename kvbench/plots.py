@@ -8,7 +8,8 @@
 * :func:`memory_figure` — KV bytes held per context token per strategy, against the architecture formula
   for ``full``; the offloading tier drawn apart as device-resident bytes;
 * :func:`needle_figure` — accuracy by needle depth × context length for ``full`` and the most informative
-  strategies, with the sample count in each cell.
+  strategies, with the sample count in each cell;
+* :func:`needle_map_figure` — the same grid as the paired loss against ``full`` (points, n pairs per cell).
 
 Every figure takes a DataFrame (``summary`` rows of :func:`kvbench.report.summarize` with a ``setting``
 column, or paired records as :func:`kvbench.selection.paired_records` returns them, with ``setting`` and
@@ -586,6 +587,80 @@ def needle_figure(records: pd.DataFrame, strategies: Sequence[str] | str, task: 
     return fig
 
 
+# ----------------------------------------------------------------------------------------- needle map
+
+
+def needle_map_table(records: pd.DataFrame, strategy: str, task: str | None = None) -> pd.DataFrame:
+    """Paired needle map of one strategy against ``full``: per (setting, depth, context length) the mean score
+    of each on the same samples, the difference in points and the number of pairs ``n``.
+
+    Columns setting, depth, length, full, strategy, delta_pp, n; empty when the records carry no depth or no
+    sample was run by both."""
+    cols = ["setting", "depth", "length", "full", "strategy", "delta_pp", "n"]
+    df = records if task is None else records[records["task"] == task]
+    if "depth" not in df.columns or df.empty:
+        return pd.DataFrame(columns=cols)
+    df = df[df["depth"].notna()].assign(setting=df["setting"] if "setting" in df.columns else QUERY_AWARE)
+    keys = ["setting", "sample_id", "depth", "context_tokens"]
+    base = df[df["strategy"] == BASELINE][[*keys, "score"]]
+    other = df[df["strategy"] == strategy][[*keys, "score"]]
+    pairs = base.merge(other, on=keys, suffixes=("_full", "_strategy"))
+    if pairs.empty:
+        return pd.DataFrame(columns=cols)
+    out = pairs.groupby(["setting", "depth", "context_tokens"], sort=True).agg(
+        full=("score_full", "mean"), strategy=("score_strategy", "mean"), n=("score_full", "size")).reset_index()
+    out = out.rename(columns={"context_tokens": "length"}).assign(length=lambda d: d["length"].astype(int))
+    return out.assign(delta_pp=100 * (out["strategy"] - out["full"]))[cols]
+
+
+def needle_map_figure(records: pd.DataFrame, strategies: Sequence[str] | str, task: str | None = None) -> Figure | None:
+    """Needle-in-a-haystack map of the paired loss: for each strategy, accuracy minus ``full``'s on the same
+    samples (points) by needle depth (rows) × context length (columns), one row of panels per query setting,
+    each cell annotated with the difference and its number of pairs ``n`` (``conf/sweep/needle_map.yaml``).
+
+    Complements :func:`needle_figure` (absolute accuracy): a cell where ``full`` also fails shows 0 here rather
+    than the strategy's failure. Returns None when no strategy has paired records with a depth."""
+    strategies = [strategies] if isinstance(strategies, str) else [s for s in strategies if s != BASELINE]
+    tables = {s: needle_map_table(records, s, task) for s in strategies}
+    names = [s for s in strategies if not tables[s].empty]
+    if not names:
+        return None
+    every = pd.concat([tables[s] for s in names])
+    depths = sorted(every["depth"].unique())
+    lengths = sorted(every["length"].unique())
+    settings = [s for s in SETTINGS if s in set(every["setting"])] + sorted(set(every["setting"]) - set(SETTINGS))
+    fig = new_figure(1.4 + len(names) * (1.0 + 0.75 * len(lengths)), 1.0 + len(settings) * (0.9 + 0.42 * len(depths)))
+    axes = fig.subplots(len(settings), len(names), squeeze=False, sharey=True)
+    cmap = matplotlib.colormaps["RdBu"]
+    im = None
+    for r, setting in enumerate(settings):
+        for c, name in enumerate(names):
+            ax, t = axes[r, c], tables[name]
+            t = t[t["setting"] == setting]
+            delta = np.full((len(depths), len(lengths)), np.nan)
+            cnt = np.zeros((len(depths), len(lengths)), dtype=int)
+            for row in t.itertuples():
+                i, j = depths.index(row.depth), lengths.index(row.length)
+                delta[i, j], cnt[i, j] = row.delta_pp, row.n
+            im = ax.imshow(delta, cmap=cmap, vmin=-100, vmax=100, aspect="auto")
+            for (i, j), v in np.ndenumerate(delta):
+                if not math.isnan(v):
+                    ax.text(j, i, f"{v:+.0f}\nn={cnt[i, j]}", ha="center", va="center", fontsize=7,
+                            color="white" if abs(v) > 60 else "black")
+            ax.set_xticks(range(len(lengths)), [f"{v:,}" for v in lengths], fontsize=7)
+            ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths], fontsize=7)
+            if r == len(settings) - 1:
+                ax.set_xlabel("context tokens", fontsize=8)
+            if c == 0:
+                ax.set_ylabel(f"{setting}\nneedle depth" if len(settings) > 1 else "needle depth (0 = start)",
+                              fontsize=8)
+            ax.set_title(shorten(name), fontsize=9)
+    if im is not None:
+        fig.colorbar(im, ax=axes, shrink=0.8, label="Δ accuracy vs full (pp)")
+    fig.suptitle(f"Needle map: paired loss vs full by depth × length{f' — {task}' if task else ''}", fontsize=10)
+    return fig
+
+
 # -------------------------------------------------------------------------------------------- writing
 
 
@@ -604,7 +679,8 @@ def write_all(records: pd.DataFrame, summary: pd.DataFrame, out_dir: str | Path,
               needle_strategies: Sequence[str] | None = None, needle_tasks: Sequence[str] | None = None) -> list[Path]:
     """Every figure into ``out_dir`` as PNG + SVG: ``pareto`` (pooled scope, or the tasks when nothing is
     pooled), ``pareto-tasks`` (one panel per task), ``latency``, ``memory``, and ``needle-<task>`` for each
-    task with depth metadata (``needle_strategies``, default the most informative ones there)."""
+    task with depth metadata (``needle_strategies``, default the most informative ones there) and its paired-loss
+    map ``needle-map-<task>``."""
     chosen = [resolve_strategy(records, s) for s in needle_strategies or []]
     paths: list[Path] = []
     figures = [("pareto", pareto_figure(summary))]
@@ -618,4 +694,7 @@ def write_all(records: pd.DataFrame, summary: pd.DataFrame, out_dir: str | Path,
         fig = needle_figure(records, picks, task) if picks else None
         if fig is not None:
             paths += save_figure(fig, out_dir, f"needle-{task}")
+        delta = needle_map_figure(records, picks, task) if picks else None
+        if delta is not None:
+            paths += save_figure(delta, out_dir, f"needle-map-{task}")
     return paths

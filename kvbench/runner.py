@@ -60,8 +60,13 @@ def _inside(path: Path, root: Path) -> Path:
 
 def dataset_name(task_cfg: Any) -> str:
     """The name records carry as ``task``: the task's name, or for ``task=jsonl`` its ``dataset_name``
-    (default: the file's stem), so two JSON Lines datasets never pool into one task."""
+    (default: the file's stem), so two JSON Lines datasets never pool into one task; ``task=ruler`` and
+    ``task=hf`` name the subtask / dataset (``ruler_niah_single_1``, ``hf_<dataset>``)."""
     name = str(task_cfg.name)
+    if name in ("ruler", "hf"):  # one task per RULER subtask / per Hugging Face dataset
+        import importlib
+
+        return importlib.import_module(f"kvbench.tasks.{name}").record_name(task_cfg)
     if name == "jsonl":
         given = task_cfg.get("dataset_name", None)
         path = task_cfg.get("path", None)

@@ -64,11 +64,16 @@ class TaskInputs:
     files: tuple[str, ...] = ()
     directories: tuple[str, ...] = ()
     corpus: str | None = None
+    #: A task whose inputs depend on its settings (RULER's generator and optional haystack corpus, a Hugging Face
+    #: dataset's files) digests them itself: ``digest(task_cfg) -> {"kind", "digest", ...}``.
+    digest: Callable[[Any], dict[str, Any]] | None = None
+    #: Settings that only locate what ``digest`` reads (``hf``'s ``dataset``).
+    located_by: tuple[str, ...] = ()
 
     @property
     def settings(self) -> tuple[str, ...]:
         """The settings that only say *where* an input lives (left out of the identity once it is digested)."""
-        return (*self.files, *self.directories)
+        return (*self.files, *self.directories, *self.located_by)
 
 
 TaskBuilder = Callable[..., list[Sample]]

@@ -1,0 +1,314 @@
+"""``hf``: question answering from a local Hugging Face dataset (LongBench, InfiniteBench or your own).
+
+``task.dataset`` names a saved ``Dataset``/``DatasetDict`` (read with ``datasets.load_from_disk``), a data
+file (``.json``/``.jsonl``/``.parquet``/``.arrow``/``.csv``, read with ``datasets.load_dataset(<format>,
+data_files=...)``), a glob of such files, or a folder of them (``datasets.load_dataset(<folder>)``). Nothing
+is downloaded. A field mapping names the context, question, answers, id and (optionally) per-row metric
+columns; presets fill it in:
+
+* ``longbench`` (Bai et al. 2023, github.com/THUDM/LongBench): ``context``, ``input``, ``answers``, ``_id``;
+  the subset (the rows' ``dataset`` column, ``task.subset`` or the file name) picks LongBench's metric
+  (``dataset2metric`` of its ``eval.py``) and answer length (``dataset2maxlen``), see :data:`LONGBENCH`;
+* ``infinitebench`` (Zhang et al. 2024, github.com/OpenBMB/InfiniteBench): ``context``, ``input``, ``answer``,
+  ``id``; the subset (file name, e.g. ``passkey``) picks the metric, see :data:`INFINITEBENCH`.
+
+Contexts longer than the budget are truncated in the middle (LongBench's convention: the first and last
+halves are kept), in model tokens; ``metadata`` records the original length and whether it was cut. The run
+identity digests every file read and, for a saved dataset, its fingerprints (:func:`dataset_digest`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from kvbench.errors import KVBenchError
+from kvbench.tasks.base import Sample, TaskInputs, register_task
+from kvbench.tasks.metrics import TEXT_METRICS
+from kvbench.tasks.prompt import build_pieces, encode, truncate_middle
+from kvbench.tasks.suite import option
+
+PRESETS = ("none", "longbench", "infinitebench")
+FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
+#: Column names per preset: context, question, answers, id (first present wins for "none").
+FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
+    "none": {"context": ("context",), "question": ("input", "question"), "answers": ("answers", "answer"),
+             "id": ("_id", "id")},
+    "longbench": {"context": ("context",), "question": ("input",), "answers": ("answers",), "id": ("_id",)},
+    "infinitebench": {"context": ("context",), "question": ("input",), "answers": ("answer",), "id": ("id",)},
+}
+
+#: LongBench subset -> (metric, max new tokens). Metrics follow LongBench's ``dataset2metric``: ``qa_f1_score``
+#: is our ``f1`` (SQuAD token F1), ``rouge_score`` our ``rouge_l``, ``retrieval_score``/``count_score``/
+#: ``code_sim_score`` ours of the same name; ``classification_score`` becomes ``substring`` (the label named in
+#: the reply; LongBench gives 1/k when the reply names k labels, which needs its ``all_classes``).
+LONGBENCH: dict[str, tuple[str, int]] = {
+    "narrativeqa": ("f1", 128), "qasper": ("f1", 128), "multifieldqa_en": ("f1", 64), "hotpotqa": ("f1", 32),
+    "2wikimqa": ("f1", 32), "musique": ("f1", 32), "triviaqa": ("f1", 32),
+    "gov_report": ("rouge_l", 512), "qmsum": ("rouge_l", 512), "multi_news": ("rouge_l", 512),
+    "samsum": ("rouge_l", 128), "trec": ("substring", 64), "passage_count": ("count_score", 32),
+    "passage_retrieval_en": ("retrieval_score", 32), "lcc": ("code_sim", 64), "repobench-p": ("code_sim", 64),
+}
+#: LongBench's Chinese subsets score with jieba word segmentation, which kvbench does not ship.
+LONGBENCH_ZH = ("multifieldqa_zh", "dureader", "vcsum", "lsht", "passage_retrieval_zh")
+#: InfiniteBench subset -> (metric, max new tokens): the retrieval tasks' first-number / exact checks become
+#: ``substring``; ``longbook_qa_eng`` is F1 and ``longbook_sum_eng`` ROUGE-L as in InfiniteBench.
+INFINITEBENCH: dict[str, tuple[str, int]] = {
+    "passkey": ("substring", 6), "number_string": ("substring", 12), "kv_retrieval": ("substring", 50),
+    "longbook_qa_eng": ("f1", 40), "longbook_choice_eng": ("substring", 40), "longbook_sum_eng": ("rouge_l", 1200),
+    "longdialogue_qa_eng": ("substring", 40), "math_find": ("substring", 3), "code_debug": ("substring", 5),
+    "code_run": ("substring", 5),
+}
+
+HF_DEFAULTS: dict[str, Any] = {
+    "preset": "none",
+    "subset": None,  # LongBench/InfiniteBench subset (None: the rows' `dataset` column, else the file name)
+    "split": None,  # DatasetDict split (None: `test` if present, else the only split)
+    "context_field": None, "question_field": None, "answers_field": None, "id_field": None,
+    "metric_field": None,  # a column naming each row's metric
+    "metric": None,  # None: the preset's metric for the subset, else `substring`
+    "context_tokens": 2048,
+    "n_samples": 10,
+    "query_aware": True,
+    "max_new_tokens": None,  # None: the preset's answer length for the subset, else 32
+    "instruction": "Read the context and answer the question concisely.",
+    "answer_prefix": "",
+    "seed": 0,
+    "dataset_name": None,  # the name records carry as `task` (None: hf_<subset or file stem>)
+}
+
+
+# ------------------------------------------------------------------------------------------- loading
+
+
+def _path(cfg: Any) -> str:
+    value = cfg.get("dataset", None)
+    if not value or value == "???":
+        raise KVBenchError("task hf needs task.dataset=<saved dataset dir | data file | folder of data files>")
+    return str(Path(str(value)).expanduser())
+
+
+def data_files(cfg: Any) -> list[Path]:
+    """The files the dataset is read from (a saved dataset: every file of its folder), sorted."""
+    path = _path(cfg)
+    if any(c in path for c in "*?["):
+        files = [Path(p) for p in glob.glob(path, recursive=True) if Path(p).is_file()]
+    elif Path(path).is_dir():
+        files = [p for p in Path(path).rglob("*") if p.is_file()
+                 and not any(part.startswith(".") for part in p.relative_to(path).parts)]
+    elif Path(path).is_file():
+        files = [Path(path)]
+    else:
+        raise KVBenchError(f"task.dataset={path!r} does not exist; give a saved dataset folder, a data file "
+                           f"({', '.join(FORMATS)}) or a folder of them")
+    if not files:
+        raise KVBenchError(f"task.dataset={path!r} holds no files")
+    return sorted(files)
+
+
+def _saved(path: Path) -> bool:
+    return path.is_dir() and ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file())
+
+
+def load(cfg: Any) -> Any:
+    """The configured split as a ``datasets.Dataset``."""
+    import datasets
+
+    path = _path(cfg)
+    p = Path(path)
+    try:
+        if _saved(p):
+            ds = datasets.load_from_disk(path)
+        elif p.is_dir():
+            ds = datasets.load_dataset(path)
+        else:
+            kinds = {FORMATS.get(f.suffix.lower()) for f in data_files(cfg)}
+            if None in kinds or len(kinds) != 1:
+                raise KVBenchError(f"task.dataset={path!r}: files must share one format of {', '.join(FORMATS)}")
+            ds = datasets.load_dataset(kinds.pop(), data_files=[str(f) for f in data_files(cfg)])
+    except KVBenchError:
+        raise
+    except Exception as exc:  # datasets raises many types for unreadable input; one line names the file
+        raise KVBenchError(f"cannot read task.dataset={path!r} with datasets ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        split = cfg.get("split", None)
+        names = sorted(ds)
+        if split is None:
+            split = "test" if "test" in ds else (names[0] if len(names) == 1 else None)
+        if split not in ds:
+            raise KVBenchError(f"task.split={split!r} is not a split of {path}; valid: {', '.join(names)}")
+        ds = ds[split]
+    return ds
+
+
+def dataset_digest(cfg: Any) -> dict[str, Any]:
+    """Run-identity entry: sha256 of every file read (relative path -> digest) and the saved fingerprints."""
+    files = data_files(cfg)
+    root = Path(_path(cfg))
+    base = root if root.is_dir() else files[0].parent
+    entries = {}
+    for f in files:
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                h.update(block)
+        rel = f.relative_to(base).as_posix() if f.is_relative_to(base) else f.name
+        entries[rel] = h.hexdigest()
+    fingerprints = _fingerprints(root) if _saved(root) else {}
+    digest = hashlib.sha256(json.dumps({"files": entries, "fingerprints": fingerprints},
+                                       sort_keys=True).encode()).hexdigest()
+    return {"kind": "hf", "files": len(entries), "fingerprints": fingerprints, "digest": digest}
+
+
+def _fingerprints(root: Path) -> dict[str, str]:
+    """``_fingerprint`` of each saved split (``state.json``), keyed by split folder."""
+    out = {}
+    for state in sorted(root.rglob("state.json")):
+        try:
+            out[state.parent.relative_to(root).as_posix() or "."] = str(json.loads(state.read_text())["_fingerprint"])
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
+
+
+# ------------------------------------------------------------------------------------------- samples
+
+
+def _field(cfg: Any, preset: str, role: str, columns: list[str], required: bool) -> str | None:
+    given = cfg.get(f"{role}_field", None)
+    if given:
+        if given not in columns:
+            raise KVBenchError(f"task.{role}_field={given!r} is not a column; valid: {', '.join(columns)}")
+        return str(given)
+    found = next((c for c in FIELDS[preset][role] if c in columns), None)
+    if found is None and required:
+        raise KVBenchError(f"no {role} column ({' or '.join(FIELDS[preset][role])}) in the dataset; "
+                           f"set task.{role}_field to one of: {', '.join(columns)}")
+    return found
+
+
+def _answers(value: Any, i: int) -> list[str]:
+    if isinstance(value, str | int | float):
+        value = [value]
+    answers = [str(a) for a in (value or []) if a is not None and str(a).strip()]
+    if not answers:
+        raise KVBenchError(f"row {i} of the hf task has no answers")
+    return answers
+
+
+def subset_name(cfg: Any, rows: Any = None) -> str | None:
+    """The LongBench/InfiniteBench subset: ``task.subset``, else the rows' ``dataset`` column, else the
+    file or folder name (``qasper.jsonl`` -> ``qasper``; LongBench's ``_e`` files keep their subset name)."""
+    given = cfg.get("subset", None)
+    if given:
+        return str(given)
+    if rows is not None and "dataset" in rows.column_names and len(rows):
+        return str(rows[0]["dataset"])
+    path = Path(_path(cfg))
+    if any(c in path.name for c in "*?["):  # a glob names its folder
+        path = path.parent
+    return path.name.split(".")[0].removesuffix("_e") or None
+
+
+def _preset_metric(preset: str, subset: str | None) -> tuple[str | None, int | None]:
+    if preset == "longbench":
+        if subset in LONGBENCH_ZH:
+            raise KVBenchError(f"LongBench subset {subset!r} is scored with jieba word segmentation, which kvbench "
+                               "does not ship; set task.metric (e.g. substring) to score it with another metric")
+        if subset not in LONGBENCH:
+            raise KVBenchError(f"unknown LongBench subset {subset!r} (set task.subset); valid: {', '.join(LONGBENCH)}")
+        return LONGBENCH[subset]
+    if preset == "infinitebench":
+        if subset not in INFINITEBENCH:
+            raise KVBenchError(f"InfiniteBench subset {subset!r} has no kvbench metric (set task.subset or "
+                               f"task.metric); valid: {', '.join(INFINITEBENCH)}")
+        return INFINITEBENCH[subset]
+    return None, None
+
+
+def record_name(cfg: Any) -> str:
+    """The name records carry as ``task``: ``task.dataset_name``, else ``hf_<subset or file stem>``."""
+    given = cfg.get("dataset_name", None)
+    if given:
+        return str(given)
+    return f"hf_{subset_name(cfg) or 'dataset'}"
+
+
+@register_task("hf", inputs=TaskInputs(digest=lambda cfg: dataset_digest(cfg), located_by=("dataset",)))
+def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
+    """One sample per row (the first ``n_samples`` rows, in dataset order)."""
+    preset = str(option(cfg, "preset", HF_DEFAULTS))
+    if preset not in PRESETS:
+        raise KVBenchError(f"unknown task.preset {preset!r}; valid: {', '.join(PRESETS)}")
+    rows = load(cfg)
+    columns = list(rows.column_names)
+    ctx_f = _field(cfg, preset, "context", columns, True)
+    q_f = _field(cfg, preset, "question", columns, False)
+    a_f = _field(cfg, preset, "answers", columns, True)
+    id_f = _field(cfg, preset, "id", columns, False)
+    m_f = cfg.get("metric_field", None)
+    if m_f and m_f not in columns:
+        raise KVBenchError(f"task.metric_field={m_f!r} is not a column; valid: {', '.join(columns)}")
+    subset = subset_name(cfg, rows) if preset != "none" else None
+    given = cfg.get("metric", None)
+    try:
+        p_metric, p_max_new = _preset_metric(preset, subset)
+    except KVBenchError:
+        if not given:  # a subset the preset cannot score is fine once the user names a metric
+            raise
+        p_metric, p_max_new = None, None
+    metric = str(given or p_metric or "substring")
+    max_new = int(cfg.get("max_new_tokens", None) or p_max_new or 32)
+    context_tokens = int(option(cfg, "context_tokens", HF_DEFAULTS))
+    n = int(option(cfg, "n_samples", HF_DEFAULTS))
+    query_aware = bool(option(cfg, "query_aware", HF_DEFAULTS))
+    instruction = str(option(cfg, "instruction", HF_DEFAULTS))
+    answer_prefix = str(option(cfg, "answer_prefix", HF_DEFAULTS))
+    seed = int(option(cfg, "seed", HF_DEFAULTS))
+    name = record_name(cfg)
+
+    samples = []
+    for i, row in enumerate(rows.select(range(min(n, len(rows))))):
+        context = row[ctx_f]
+        if not isinstance(context, str):
+            raise KVBenchError(f"row {i}: column {ctx_f!r} is not text")
+        question = "" if q_f is None or row[q_f] is None else str(row[q_f])
+        row_metric = str(row[m_f]) if m_f else metric
+        if row_metric not in TEXT_METRICS:
+            raise KVBenchError(f"row {i}: metric {row_metric!r} is not valid; valid: {', '.join(TEXT_METRICS)}")
+        answers = _answers(row[a_f], i)
+        pieces = build_pieces(tokenizer, question, answer_prefix, instruction, document_label="Context")
+        if not question:  # summarisation / code completion rows ask nothing beyond the instruction
+            pieces = dataclasses.replace(pieces, question=[])
+        budget = pieces.document_budget(context_tokens, query_aware)
+        if budget < 1:
+            raise KVBenchError(f"task.context_tokens={context_tokens} leaves no room for row {i}'s context "
+                               f"after its {context_tokens - budget}-token prompt and question")
+        ctx_ids = encode(tokenizer, context)
+        prefix, query = pieces.assemble(truncate_middle(ctx_ids, budget), query_aware)
+        row_id = row[id_f] if id_f else None
+        samples.append(Sample(
+            sample_id=f"{name}/{row_id}" if row_id not in (None, "") else f"{name}/{i:04d}",
+            prefix_ids=prefix, query_ids=query, gold_ids=pieces.gold_ids(tokenizer, answers[0]),
+            answers=answers, metric=row_metric, max_new_tokens=max_new,
+            metadata={
+                "task": name, "variant": "qa", "template": pieces.template, "seed": seed, "index": i,
+                "preset": preset, "subset": subset, "context_tokens": len(prefix), "query_aware": query_aware,
+                "depth": None, "needle_token_index": None, "distractors": 0,
+                "source_docs": [f"{Path(_path(cfg)).name}:{row_id if row_id not in (None, '') else i}"],
+                "original_context_tokens": len(ctx_ids), "truncated": len(ctx_ids) > budget,
+                "truncation": "middle", "question": question,
+            }))
+    if not samples:
+        raise KVBenchError(f"task.dataset={_path(cfg)!r} holds no rows")
+    dupes = sorted(sid for sid, c in Counter(s.sample_id for s in samples).items() if c > 1)
+    if dupes:
+        raise KVBenchError(f"duplicate ids in {_path(cfg)}: {', '.join(dupes[:10])}; give every row a unique id "
+                           "(task.id_field) or set task.id_field to a unique column")
+    return samples
