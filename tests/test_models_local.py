@@ -91,3 +91,14 @@ def test_unsupported_family_in_python_is_one_line() -> None:
 
     with pytest.raises(KVBenchError, match=r"model_type 'gpt2'\) is not supported"):
         describe(model)
+
+
+def test_one_name_for_two_checkpoints_is_refused() -> None:
+    import pandas as pd
+
+    from kvbench.selection import check_comparable
+
+    same = pd.DataFrame({"model": ["model", "model"], "model_digest": ["a" * 64, "a" * 64]})
+    check_comparable(same)
+    with pytest.raises(KVBenchError, match=r"model model names checkpoints with different model_digest"):
+        check_comparable(same.assign(model_digest=["a" * 64, "b" * 64]))
