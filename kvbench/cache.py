@@ -9,6 +9,11 @@ Usable outside the harness::
 Positions stay logical after eviction: ``get_seq_length`` reports every token processed (so RoPE
 positions of new tokens are right), while ``get_mask_sizes`` reports the tokens physically held and
 offsets them so the causal mask still lines up the new tokens with themselves.
+
+Sliding-window layers (Gemma-2/3, Mistral with ``sliding_window``, Qwen2/3 ``layer_types``) are left to the
+model, as kvpress leaves Gemma-3's (measurement spec, "Sliding-window layers"): they hold the dense last
+``window - 1`` tokens, as transformers' ``DynamicSlidingWindowLayer`` does, whatever the strategy, and their
+dense 16-bit reference is that window, not every token seen.
 """
 
 from __future__ import annotations
@@ -20,20 +25,56 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from kvbench.arch import LayerKind, layer_kinds
 from kvbench.capture import QueryRecorder
+from kvbench.errors import KVBenchError
 from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes
+from strategies.full import FullStore
 
 REFERENCE_BYTES_PER_ELEMENT = 2  # measurement spec §1: memory reduction is against a dense 16-bit cache
 
 
-class KVBenchLayer(CacheLayerMixin):
-    """Adapter from transformers' layer protocol to a kvbench :class:`LayerStore`."""
+class WindowStore(FullStore):
+    """A sliding-window layer's cache: dense K/V of the last ``window - 1`` tokens (what a query sees besides
+    itself), in their own storage so the bytes counted are the window's."""
 
-    is_sliding = False
+    def __init__(self, strategy: Strategy, layer_idx: int, num_layers: int, window: int) -> None:
+        super().__init__(strategy, layer_idx, num_layers)
+        self.keep = max(window - 1, 0)
+
+    def _trim(self) -> None:
+        if self.keys is not None and self.values is not None and self.keys.shape[-2] > self.keep:
+            self.keys = self.keys[..., self.keys.shape[-2] - self.keep:, :].clone()
+            self.values = self.values[..., self.values.shape[-2] - self.keep:, :].clone()
+
+    def prefill(self, keys: torch.Tensor, values: torch.Tensor, capture: LayerCapture | None) -> None:
+        super().prefill(keys, values, capture)
+        self._trim()
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = super().append(keys, values)
+        self._trim()
+        return k, v  # this step attends to the held window plus the new tokens; the mask applies the window
+
+
+class KVBenchLayer(CacheLayerMixin):
+    """Adapter from transformers' layer protocol to a kvbench :class:`LayerStore`.
+
+    ``kind`` is the layer's attention type; a sliding layer with ``windowed`` holds a :class:`WindowStore`
+    instead of the strategy's store (``windowed=False`` keeps every token: the shared capture).
+    """
+
     is_croppable = False
 
-    def __init__(self, store: LayerStore) -> None:
+    def __init__(self, store: LayerStore, kind: LayerKind | None = None, windowed: bool = True) -> None:
         super().__init__()
+        self.kind = kind or LayerKind()
+        self.is_sliding = self.kind.sliding  # transformers sizes the sliding mask from the first such layer
+        self.windowed = windowed and self.kind.sliding
+        self.strategy = store.strategy
+        if self.windowed:
+            assert self.kind.window is not None
+            store = WindowStore(store.strategy, store.layer_idx, store.num_layers, self.kind.window)
         self.store = store
         self.seen_tokens = 0
         self.kv_shape: tuple[int, int, int] | None = None  # batch, kv_heads, head_dim
@@ -54,6 +95,7 @@ class KVBenchLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        key_states, value_states = _own(key_states), _own(value_states)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         if self.seen_tokens == 0:
@@ -75,7 +117,9 @@ class KVBenchLayer(CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
-        self.store = self.store.strategy.new_layer(self.store.layer_idx, self.store.num_layers)
+        n, i = self.store.num_layers, self.store.layer_idx
+        self.store = WindowStore(self.strategy, i, n, self.kind.window or 0) if self.windowed \
+            else self.strategy.new_layer(i, n)
         self.seen_tokens = 0
         self.is_initialized = False
 
@@ -89,14 +133,23 @@ class KVBenchLayer(CacheLayerMixin):
         raise ValueError("kvbench caches hold one sequence per batch row; beam search is not supported")
 
 
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in storage of its own. A view into a larger buffer (Phi-3's values are a slice of its fused qkv
+    projection) would keep the whole buffer alive in the cache, and be counted whole by ``kv_bytes``."""
+    return t if t.untyped_storage().nbytes() == t.numel() * t.element_size() else t.clone()
+
+
 class KVBenchCache(Cache):
     """A transformers ``Cache`` whose layers are a strategy's stores."""
 
-    def __init__(self, strategy: Strategy, config: Any) -> None:
-        n = int(config.num_hidden_layers)
+    def __init__(self, strategy: Strategy, config: Any, windows: bool = True) -> None:
+        """``windows=False``: sliding-window layers keep every token too (the engine's shared capture, from
+        which each strategy's cache, windowed, is built)."""
+        kinds = layer_kinds(config)
+        n = len(kinds)
         self.strategy = strategy
         self.config = config
-        super().__init__(layers=[KVBenchLayer(strategy.new_layer(i, n)) for i in range(n)])
+        super().__init__(layers=[KVBenchLayer(strategy.new_layer(i, n), kinds[i], windows) for i in range(n)])
 
     # -- building from a shared prefill ---------------------------------------------------------
     @classmethod
@@ -125,13 +178,17 @@ class KVBenchCache(Cache):
         return self.layers[0].seen_tokens if self.layers else 0
 
     def kv_bytes_fp16(self) -> int:
-        """The same tokens as a dense 16-bit cache (measurement spec §1 ``kv_bytes_fp16``)."""
+        """The same tokens as a dense 16-bit cache (measurement spec §1 ``kv_bytes_fp16``): every token seen by a
+        global layer, at most ``window - 1`` by a sliding-window layer (what a dense sliding cache holds)."""
         total = 0
         for layer in self.layers:
             if layer.kv_shape is None:
                 continue
             b, h, d = layer.kv_shape
-            total += 2 * b * h * d * layer.seen_tokens * REFERENCE_BYTES_PER_ELEMENT
+            tokens = layer.seen_tokens
+            if layer.kind.sliding and layer.kind.window is not None:
+                tokens = min(tokens, max(layer.kind.window - 1, 0))
+            total += 2 * b * h * d * tokens * REFERENCE_BYTES_PER_ELEMENT
         return total
 
     def held_tokens(self) -> list[int]:
@@ -144,12 +201,17 @@ class KVBenchCache(Cache):
                           for t in getattr(layer.store, "scratch_tensors", lambda: ())())
 
     def stats(self) -> dict[str, float]:
-        """Strategy-specific figures averaged over layers."""
+        """Strategy-specific figures averaged over the layers the strategy holds (not the sliding windows),
+        plus ``window_layers``, the number of sliding-window layers left to the model, when there are any."""
         acc: dict[str, float] = {}
-        for layer in self.layers:
+        own = [layer for layer in self.layers if not layer.windowed]
+        for layer in own:
             for k, v in layer.store.stats().items():
                 acc[k] = acc.get(k, 0.0) + float(v)
-        return {k: v / len(self.layers) for k, v in acc.items()}
+        out = {k: v / len(own) for k, v in acc.items()}
+        if len(own) < len(self.layers):
+            out["window_layers"] = float(len(self.layers) - len(own))
+        return out
 
 
 # -- several samples in one forward ----------------------------------------------------------------------
@@ -216,6 +278,9 @@ class RowsCache(Cache):
     """
 
     def __init__(self, caches: list[KVBenchCache]) -> None:
+        if len(caches) > 1 and any(layer.kind.sliding for layer in caches[0].layers):
+            raise KVBenchError("engine.batch_size > 1 is not supported for models with sliding-window layers "
+                               "(the per-row masks do not apply the window yet); use engine.batch_size=1")
         self.caches = caches
         self.strategy = caches[0].strategy
         self.active: list[int] = list(range(len(caches)))

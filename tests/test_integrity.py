@@ -727,7 +727,7 @@ def test_model_directory_removed_after_loading_keeps_its_identity(capsys, tmp_pa
     code, _, out = kvbench(capsys, *_base(results, qa, *args, f"model.path={checkpoint}"))
     assert code == 0
     expected = _records(_run_dir(out))[0]["model_digest"]
-    doomed = tmp_path / "doomed"
+    doomed = tmp_path / "doomed" / checkpoint.name  # same directory name: records name a local model by it
     shutil.copytree(checkpoint, doomed)
     original = runner.load_model
 

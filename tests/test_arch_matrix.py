@@ -1,0 +1,234 @@
+"""Strategy x architecture matrix (issue 24): every registered strategy on every supported model family.
+
+Per family (a tiny random config of the family's own transformers classes: 2 layers, hidden 64, GQA 2:1):
+
+* it loads and :func:`kvbench.arch.describe` accepts it;
+* the captured post-RoPE queries equal the attention module's own (eager, fp32, max |d| <= 1e-5), read by
+  wrapping the modeling module's ``apply_rotary_pos_emb`` the attention calls;
+* ``full`` greedy tokens through the engine equal plain ``model.generate``;
+* per strategy: one short sample runs end to end and its bytes are honest — ``kv_bytes_fp16`` is the dense
+  16-bit reference per layer type (every token of a global layer, ``window - 1`` of a sliding one), and a
+  sliding layer holds exactly its dense window whatever the strategy.
+
+Parametrized over ``strategies.available()`` x :data:`FAMILIES`: a new strategy or family is covered without
+editing the tests. Phi-3 (fused qkv, partial rotary) and Gemma-2 (sliding layers, soft-capping) also run
+int4 and snapkv from a saved checkpoint through the CLI, and an unsupported layout exits 2 with one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers as tf
+import yaml
+
+import strategies
+from kvbench.arch import describe, layer_kinds
+from kvbench.cache import KVBenchCache, WindowStore
+from kvbench.capture import QueryRecorder
+from kvbench.config import strategy_params
+from kvbench.engine import Engine, query_window_for
+from kvbench.hardware import HardwareProfile
+from kvbench.models import ByteTokenizer, LoadedModel
+from kvbench.tasks.base import Sample
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+WINDOW = 32  # sliding window of the families that have one: shorter than the sample, so windows really trim
+#: head_dim 64 so every strategy's default group/block size divides it, as on real models.
+COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=1, head_dim=64, max_position_embeddings=1024, bos_token_id=1, eos_token_id=0,
+              pad_token_id=0)
+#: family -> (config class, model class, what makes the family itself)
+FAMILIES: dict[str, tuple[Any, Any, dict[str, Any]]] = {
+    "llama": (tf.LlamaConfig, tf.LlamaForCausalLM, {}),
+    "mistral": (tf.MistralConfig, tf.MistralForCausalLM, {"sliding_window": WINDOW}),  # every layer sliding
+    "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM,  # layer 0 global, layer 1 sliding
+              {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}),
+    "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM, {}),  # q/k norm over head_dim
+    "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM,  # sliding + global, soft-capping, query_pre_attn_scalar
+               {"sliding_window": WINDOW, "query_pre_attn_scalar": 32, "attn_logit_softcapping": 50.0,
+                "final_logit_softcapping": 30.0}),
+    "gemma3": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM,  # q/k norm, per-layer-type RoPE bases
+               {"sliding_window": WINDOW, "query_pre_attn_scalar": 32,
+                "layer_types": ["sliding_attention", "full_attention"]}),
+    "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM, {"partial_rotary_factor": 0.5}),  # fused qkv_proj
+    "olmo2": (tf.Olmo2Config, tf.Olmo2ForCausalLM, {}),  # q/k norm over the whole projection
+    "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM, {"num_local_experts": 2, "num_experts_per_tok": 1}),
+}
+NAMES = strategies.available()
+
+
+def tiny(family: str, attn: str = "eager", seed: int = 0) -> Any:
+    config_cls, model_cls, extra = FAMILIES[family]
+    torch.manual_seed(seed)
+    return model_cls(config_cls(**COMMON, **extra, attn_implementation=attn)).eval()
+
+
+def _sample() -> Sample:
+    g = torch.Generator().manual_seed(5)
+    return Sample(sample_id="s0", prefix_ids=torch.randint(2, 255, (160,), generator=g).tolist(),
+                  query_ids=list(b"Q: x?"), gold_ids=list(b"ab c"), answers=["ab"], metric="substring",
+                  max_new_tokens=4)
+
+
+@cache
+def _engine(family: str) -> Engine:
+    profile = HardwareProfile.from_config(yaml.safe_load((ROOT / "conf" / "hardware" / "cpu.yaml").read_text()))
+    lm = LoadedModel(family, tiny(family), ByteTokenizer())
+    return Engine(lm, device="cpu", hardware=profile, run_fields={"config_hash": "matrix"})
+
+
+@cache
+def _baseline(family: str) -> Any:
+    engine = _engine(family)
+    full = strategies.build("full")
+    pre = engine.prefill(_sample(), None)  # every query: enough for any strategy's window
+    return pre, engine.evaluate(full, _sample(), pre, None)
+
+
+@contextlib.contextmanager
+def _module_queries(model: Any) -> Iterator[dict[int, torch.Tensor]]:
+    """The queries each attention module itself rotates, from its modeling module's ``apply_rotary_pos_emb``."""
+    mods = {m.layer_idx: m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "o_proj")}
+    modeling = sys.modules[type(next(iter(mods.values()))).__module__]
+    original = modeling.apply_rotary_pos_emb
+    seen: dict[int, torch.Tensor] = {}
+
+    def wrapped(q: torch.Tensor, k: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        out = original(q, k, *args, **kwargs)
+        seen[len(seen)] = out[0].detach().clone()  # layers run in order, one call each
+        return out
+
+    modeling.apply_rotary_pos_emb = wrapped
+    try:
+        yield seen
+    finally:
+        modeling.apply_rotary_pos_emb = original
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_loads_and_queries_equal_the_modules_own(family: str) -> None:
+    model = tiny(family)
+    assert len(describe(model)) == model.config.num_hidden_layers
+    ids = torch.tensor([_sample().prefix_ids])
+    with torch.no_grad(), QueryRecorder(model, None) as rec, _module_queries(model) as own:
+        model(input_ids=ids)
+    assert len(own) == model.config.num_hidden_layers
+    for cap in rec.captures:
+        assert cap.queries is not None
+        assert (cap.queries - own[cap.layer_idx]).abs().max().item() <= 1e-5, f"layer {cap.layer_idx}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_full_greedy_equals_model_generate(family: str) -> None:
+    engine = _engine(family)
+    sample = _sample()
+    pre, _ = _baseline(family)
+    cache_ = KVBenchCache.from_capture(strategies.build("full"), engine.model.config, pre.keys, pre.values,
+                                       pre.captures)
+    n = 8
+    with torch.inference_mode():
+        gen = engine.greedy(cache_, torch.tensor(sample.query_ids), n)
+        ref = engine.model.generate(torch.tensor([sample.prefix_ids + sample.query_ids]), max_new_tokens=n,
+                                    do_sample=False, min_new_tokens=n, eos_token_id=None)
+    expected = ref[0, len(sample.prefix_ids) + len(sample.query_ids):].tolist()
+    assert gen.tokens == expected[: len(gen.tokens)] and len(gen.tokens) >= 1
+
+
+def _dense_reference(config: Any, tokens: int) -> int:
+    """Dense 16-bit K/V bytes of ``tokens`` per layer type, from the config alone."""
+    kv = int(config.num_key_value_heads) * int(config.head_dim)
+    return sum(2 * kv * 2 * (min(tokens, k.window - 1) if k.sliding else tokens) for k in layer_kinds(config))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("name", NAMES)
+def test_every_strategy_runs_with_honest_bytes(name: str, family: str) -> None:
+    engine = _engine(family)
+    sample = _sample()
+    pre, base = _baseline(family)
+    strategy = strategies.build(name, strategy_params(name))
+    assert query_window_for([strategy]) is None or pre.captures[0].queries is not None
+    result = engine.evaluate(strategy, sample, pre, base.logp)
+    rec = result.record
+    config = engine.model.config
+    assert rec["kv_bytes_fp16"] == _dense_reference(config, sample.context_tokens)
+    assert rec["kv_bytes"] > 0 and rec["generated_tokens"] >= 1
+    # Sliding layers keep their dense window (model dtype) whatever the strategy; the strategy holds the rest.
+    engine.bind(strategy, sample.prefix_ids)
+    built = KVBenchCache.from_capture(strategy, config, pre.keys, pre.values, pre.captures)
+    for layer, kind in zip(built.layers, layer_kinds(config), strict=True):
+        assert isinstance(layer.store, WindowStore) == kind.sliding
+        if kind.sliding:
+            assert layer.store.num_tokens() == min(sample.context_tokens, kind.window - 1)
+    if name == "full":  # fp32 model: the dense cache is exactly twice its 16-bit reference
+        assert rec["kv_bytes"] == 2 * rec["kv_bytes_fp16"]
+
+
+# -- end to end through the CLI, from saved checkpoints -----------------------------------------------------------
+ROWS = [{"id": f"q{i}", "context": "The quorum of the committee is seven members. " * 3, "input": "What is the quorum?",
+         "answers": ["seven"]} for i in range(2)]
+
+
+def _save(family: str, where: Path, model: Any = None) -> Path:
+    """A tiny checkpoint of ``family`` with a byte-level BPE tokenizer (256 ids), as a user's model directory."""
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers import models as tok_models
+
+    (model if model is not None else tiny(family)).save_pretrained(where)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(tok_models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tf.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=alphabet[0]).save_pretrained(where)
+    return where
+
+
+def kvbench(capsys: pytest.CaptureFixture, tmp_path: Path, *args: str) -> tuple[int, list[str]]:
+    """``python -m kvbench`` in this process on a two-row JSON Lines task: (exit status, stderr lines)."""
+    from kvbench import cli
+
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    capsys.readouterr()  # only the run's own output (not save_pretrained's progress bars)
+    code = 0
+    try:
+        cli.main(["task=jsonl", f"task.path={qa}", "task.n_samples=1", "task.max_new_tokens=2",
+                  "task.context_tokens=96", "engine.progress=false", "engine.warmup=false", "hardware.threads=1",
+                  f"results_dir={tmp_path / 'results'}", *args])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    return code, [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize("family", ["phi3", "gemma2"])
+def test_int4_and_snapkv_end_to_end_from_a_saved_checkpoint(family: str, tmp_path: Path, capsys) -> None:
+    path = _save(family, tmp_path / f"tiny-{family}")
+    code, err = kvbench(capsys, tmp_path, "model=local", f"model.path={path}", "strategies=[int4,snapkv]")
+    assert code == 0, err
+    files = list((tmp_path / "results" / "runs").glob("*/records.jsonl"))
+    assert len(files) == 1
+    records = [json.loads(x) for x in files[0].read_text().splitlines()]
+    assert {r["strategy_name"] for r in records} == {"full", "int4", "snapkv"}
+    assert {r["model"] for r in records} == {f"tiny-{family}"}  # named after the checkpoint, not "local"
+
+
+def test_unsupported_layout_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
+    torch.manual_seed(0)
+    gpt2 = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=2, n_positions=256,
+                                                  bos_token_id=0, eos_token_id=0))
+    path = _save("gpt2", tmp_path / "tiny-gpt2", model=gpt2)
+    code, err = kvbench(capsys, tmp_path, "model=local", f"model.path={path}", "strategy=int4")
+    assert code == 2
+    assert len(err) == 1 and "gpt2" in err[0] and "not supported" in err[0], err
+    assert "q_proj or qkv_proj" in err[0]  # names what the layout lacks
