@@ -139,6 +139,7 @@ def main() -> None:
                     help="torch threads (1: on a shared, oversubscribed machine two threads mostly wait on each "
                          "other)")
     ap.add_argument("--out", default=str(ROOT / "results" / "perf"))
+    ap.add_argument("--tag", default="", help="suffix of the output names: decode<tag>.md, decode<tag>.csv")
     args = ap.parse_args()
 
     names = registry.available() if args.strategies == "all" else args.strategies.split(",")
@@ -199,7 +200,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, bandwidth: float
         df[f"{col}_vs_limit"] = df[f"{col}_median"] / df.limit_ms
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    df.drop(columns=["seconds", "cpu_seconds"]).to_csv(out / "decode.csv", index=False)
+    df.drop(columns=["seconds", "cpu_seconds"]).to_csv(out / f"decode{args.tag}.csv", index=False)
 
     lines = [
         "# Decode speed (measured by `scripts/bench_decode.py`)", "",
@@ -232,7 +233,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, bandwidth: float
             if len(hit):
                 part.append(f"{name} {hit.cpu_ms_vs_full.iloc[0]:.2f}x `full` (target <= 1.2x)")
         lines.append("* " + "; ".join(part) + ".")
-    atomic_write_text(out / "decode.md", "\n".join(lines) + "\n")
+    atomic_write_text(out / f"decode{args.tag}.md", "\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 
 
