@@ -2,6 +2,7 @@
 
     python scripts/bench_harness.py                        # legal task, 4,096 tokens, 8 samples, batch 4, S = 7
     python scripts/bench_harness.py --context 512 --samples 2 --batch-size 2 --repeats 1   # a quick check
+    python scripts/bench_harness.py --phases --samples 1 --strategies all   # where a sample's time goes
 
 For S strategies on the same samples it times, in one run and in turn within each repeat:
 
@@ -16,11 +17,16 @@ Writes ``results/perf/harness.md`` and ``.csv`` files with medians and min/max o
 shared-prefill speed-up (target >= 0.8 S), sample x strategy evaluations per hour at batch 1 and batched
 (target >= 3x), and per-strategy compression seconds and decode ms/token against ``full`` at batch 1
 (target <= 1.1x for int8, int4, fp8).
+
+``--phases`` instead times each phase of an evaluation per strategy (cache builds, teacher forcing, question
+pass, decode steps, the rest: fidelity and the record), once under ``engine.attention=sdpa`` and once under the
+engine's own choice, and writes ``results/perf/harness_phases.md`` and ``.csv``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -66,6 +72,104 @@ def time_mode(mode: str, engine: Engine, samples: list, strats: list, batch_size
     return time.perf_counter() - t0, records
 
 
+class PhaseEngine(Engine):
+    """The engine, timing in CPU seconds of this process (a shared machine inflates wall time with the wait for
+    a CPU) where an evaluation goes, per strategy: cache builds (``_cache``: the strategy's compression, twice
+    per evaluation, as teacher forcing and greedy decoding each get a fresh cache), teacher forcing, the
+    question pass and the decode steps of greedy decoding, and the rest of ``evaluate_batch`` (fidelity against
+    the baseline, byte accounting, the record)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.phases: dict[str, dict[str, float]] = {}
+        self._question: str | None = None  # the strategy whose greedy question pass is the next forward
+
+    def _add(self, strategy: str, phase: str, seconds: float) -> None:
+        row = self.phases.setdefault(strategy, {})
+        row[phase] = row.get(phase, 0.0) + seconds
+
+    def _cache(self, strategy, row):  # type: ignore[no-untyped-def]
+        c0 = time.process_time()
+        out = super()._cache(strategy, row)
+        self._add(strategy.name, "build caches", time.process_time() - c0)
+        return out
+
+    def _teacher_force(self, cache, strategy, queries, golds):  # type: ignore[no-untyped-def]
+        c0 = time.process_time()
+        out = super()._teacher_force(cache, strategy, queries, golds)
+        self._add(strategy.name, "teacher forcing", time.process_time() - c0)
+        return out
+
+    def forward(self, cache, tokens, keep):  # type: ignore[no-untyped-def]
+        c0 = time.process_time()
+        out = super().forward(cache, tokens, keep)
+        if self._question is not None:
+            self._add(self._question, "question pass", time.process_time() - c0)
+            self._question = None
+        return out
+
+    def greedy(self, cache, queries, max_new_tokens, stop=None):  # type: ignore[no-untyped-def]
+        self._question = cache.strategy.name
+        c0 = time.process_time()
+        out = super().greedy(cache, queries, max_new_tokens, stop)
+        self._add(cache.strategy.name, "greedy", time.process_time() - c0)
+        return out
+
+    def evaluate_batch(self, strategy, samples, pre, baseline_logps, chunk_tokens=0,
+                       rows=None):  # type: ignore[no-untyped-def]
+        c0 = time.process_time()
+        out = super().evaluate_batch(strategy, samples, pre, baseline_logps, chunk_tokens, rows)
+        self._add(strategy.name, "evaluation", time.process_time() - c0)
+        return out
+
+
+def time_phases(lm: object, samples: list, names: list[str], out: Path) -> None:
+    """One shared-prefill pass over ``samples`` per attention implementation, every phase timed per strategy;
+    writes ``harness_phases.md`` / ``.csv``."""
+    from kvbench.config import strategy_params
+
+    frames, walls = [], {}
+    for impl in ("sdpa", "auto"):
+        engine = PhaseEngine(lm, run_fields={"task": "legal", "model": "smollm2-135m", "hardware": "cpu"},
+                             attention=impl)
+        engine.warmup()
+        strats = [registry.build(n, strategy_params(n)) for n in names]
+        records: list[dict] = []
+        t0, c0 = time.perf_counter(), time.process_time()
+        run_samples(engine, samples, strats, set(), records.extend)
+        walls[engine.attention] = (time.perf_counter() - t0, time.process_time() - c0)
+        rec = pd.DataFrame(records).groupby("strategy_name").agg(decode_ms=("decode_ms_per_token", "median"))
+        ph = pd.DataFrame(engine.phases).T.reindex(names)
+        ph["decode steps"] = ph["greedy"] - ph["question pass"]
+        ph["rest (fidelity, records)"] = ph["evaluation"] - ph["build caches"] - ph["teacher forcing"] - ph["greedy"]
+        ph["wall decode ms/token"] = rec["decode_ms"].reindex(names)
+        ph["attention"] = engine.attention
+        frames.append(ph.rename_axis("strategy").reset_index())
+    df = pd.concat(frames)
+    df.to_csv(out / "harness_phases.csv", index=False)
+    cols = ["build caches", "teacher forcing", "question pass", "decode steps", "rest (fidelity, records)",
+            "evaluation", "wall decode ms/token"]
+    lines = ["# Where a sample's time goes (measured by `scripts/bench_harness.py --phases`)", "",
+             f"Model smollm2-135m (bfloat16, CPU, {torch.get_num_threads()} threads), {len(samples)} `legal` "
+             f"sample(s) of {len(samples[0].prefix_ids)} context tokens, S = {len(names)} strategies at their "
+             "defaults, batch 1, the shared prefill once per sample and attention implementation. CPU seconds "
+             "of this process, summed over samples (the last column: the records' wall-clock decode latency). "
+             "Load average (1 min) at the end: "
+             f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs.", ""]
+    for impl, g in df.groupby("attention", sort=False):
+        wall, cpu = walls[impl]
+        lines += [f"## engine.attention={impl}: whole run {cpu:.1f} CPU s ({wall:.1f} s wall, prefill included)", "",
+                  "| strategy | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+        for _, r in g.iterrows():
+            lines.append(f"| {r['strategy']} | " + " | ".join(f"{r[c]:.2f}" for c in cols) + " |")
+        lines.append("")
+    if len(walls) == 2:
+        (_, a), (_, b) = walls.values()
+        lines.append(f"Whole run with the engine's choice vs SDPA: {b / a:.2f}x the CPU time.")
+    atomic_write_text(out / "harness_phases.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def _row(label: str, values: list[float], fmt: str = "{:.1f}") -> str:
     return f"| {label} | {fmt.format(statistics.median(values))} | {fmt.format(min(values))} | " \
            f"{fmt.format(max(values))} |"
@@ -80,9 +184,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--strategies", default="full,int8,int4,fp8,snapkv,streaming_llm,knorm")
     ap.add_argument("--out", default=str(ROOT / "results" / "perf"))
+    ap.add_argument("--phases", action="store_true",
+                    help="only time each phase per strategy, under SDPA and the engine's attention choice "
+                         "(harness_phases.md)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
-    names = [n for n in args.strategies.split(",") if n in registry.available()]
+    names = registry.available() if args.strategies == "all" else \
+        [n for n in args.strategies.split(",") if n in registry.available()]
     if names[0] != "full":
         names = ["full"] + [n for n in names if n != "full"]
     strats = [registry.build(n) for n in names]
@@ -90,6 +201,11 @@ def main() -> None:
     engine = Engine(lm, run_fields={"task": args.task, "model": lm.name, "hardware": "cpu"})
     samples = build_samples(args.task, _task_cfg(args.task, args.context, args.samples), lm.tokenizer,
                             lm.max_context)
+    if args.phases:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        time_phases(lm, samples, names, out)
+        return
     engine.warmup()
     evaluations = len(samples) * len(strats)
 
