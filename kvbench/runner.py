@@ -157,6 +157,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     store.write_outputs(summary)
     print_table(summary)
     print(f"results: {store.dir}")
+    summary.attrs["run_dir"] = str(store.dir)  # a multirun job dir points here (kvbench.cli)
     return summary
 
 
