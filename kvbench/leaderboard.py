@@ -49,7 +49,7 @@ from kvbench.errors import KVBenchError
 from kvbench.labels import shorten
 from kvbench.record import HIGHER_IS_BETTER  # sort direction per metric: larger first where True
 from kvbench.report import BASELINE, summarize
-from kvbench.results import atomic_write_text, read_store
+from kvbench.results import RECORD_KEY, atomic_write_text, read_store, read_unpublished
 from kvbench.selection import (
     DEPTH_KEYS,
     SETTING_TEXT,
@@ -266,6 +266,18 @@ def _summaries(paired: pd.DataFrame, tasks: list[str]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
+def read_records(results_dir: str | Path) -> pd.DataFrame:
+    """The store plus the finished samples of runs not published to it yet (stopped or still running), those
+    marked ``partial``: an interrupted run is visible without a separate publishing step."""
+    store = read_store(results_dir)
+    unpublished = read_unpublished(results_dir)
+    if unpublished.empty:
+        return store
+    both = pd.concat([store.assign(partial=False), unpublished], ignore_index=True) if not store.empty \
+        else unpublished
+    return both.drop_duplicates(subset=RECORD_KEY, keep="last").reset_index(drop=True)
+
+
 def build(records: pd.DataFrame, filters: Filters | None = None, sort: str | None = None,
           reverse: bool = False, depth_key: str | None = None) -> Leaderboard:
     """Select, check, pair and summarise ``records`` (as :func:`kvbench.results.read_store` returns them)."""
@@ -305,12 +317,17 @@ def build(records: pd.DataFrame, filters: Filters | None = None, sort: str | Non
                     row[f"{scope}.{col}"] = hit[col].iloc[0] if not hit.empty else float("nan")
             rows.append(row)
     table = _add_verdicts(pd.DataFrame(rows), summary, paired)
+    if "partial" in paired.columns:  # rows resting on records of an unfinished run say so
+        partial = paired[paired["partial"].fillna(False).astype(bool)].groupby(["setting", "strategy"]).size()
+        table["partial"] = [(st, s) in partial.index for st, s in zip(table["setting"], table["strategy"],
+                                                                       strict=True)]
     meta = {
         "model": ", ".join(_distinct(chosen["model"])),
         "spec_version": ", ".join(_distinct(chosen["spec_version"])),
         "hardware": ", ".join(_distinct(chosen["hardware"])) if "hardware" in chosen else "",
         "dtype": ", ".join(_distinct(chosen["dtype"])) if "dtype" in chosen else "",
         "records": str(len(paired)),
+        "partial": str(int(paired["partial"].fillna(False).astype(bool).sum())) if "partial" in paired else "0",
         "filters": filters.describe(),
     }
     lb = Leaderboard(table=table, summary=summary, records=paired, tasks=tasks, meta=meta)
@@ -392,6 +409,11 @@ class Column:
     numeric: bool = True
 
 
+def _label_cell(row: Mapping[str, Any]) -> str:
+    partial = row.get("partial")
+    return f"{row['label']} (partial)" if isinstance(partial, (bool, np.bool_)) and partial else str(row["label"])
+
+
 def _rank_cell(row: Mapping[str, Any]) -> str:
     if row["section"] == REFERENCE:
         return "ref."
@@ -418,7 +440,7 @@ def main_columns(part: pd.DataFrame, memory: str = "memory saved") -> list[Colum
     rows = part.to_dict("records")
     return [
         Column("#", "rank", [_rank_cell(r) for r in rows]),
-        Column("strategy", "label", [str(r["label"]) for r in rows], numeric=False),
+        Column("strategy", "label", [_label_cell(r) for r in rows], numeric=False),
         Column("family", "family", [str(r["family"]) for r in rows], numeric=False),
         Column(memory, f"{OVERALL}.memory_reduction", [fmt.pct(r[f"{OVERALL}.memory_reduction"]) for r in rows]),
         Column("Δ acc. pp [95% CI]", f"{OVERALL}.delta_pp", [_delta_cell(r, OVERALL) for r in rows]),
@@ -432,7 +454,7 @@ def task_columns(lb: Leaderboard, part: pd.DataFrame,
                  metrics: tuple[tuple[str, str, str], ...] = TASK_METRICS) -> list[Column]:
     """A detail table: the strategy, then ``metrics`` per task."""
     rows = part.to_dict("records")
-    cols = [Column("strategy", "label", [str(r["label"]) for r in rows], numeric=False)]
+    cols = [Column("strategy", "label", [_label_cell(r) for r in rows], numeric=False)]
     for task in lb.tasks:
         for col, header, kind in metrics:
             key = f"{task}.{col}"
@@ -465,7 +487,9 @@ def _header_lines(lb: Leaderboard, style: type = fmt.Markdown) -> list[str]:
         f"undetermined (the interval holds both; split by where Δ lies), {t(BEYOND)} (the whole interval at or "
         f"below −{margin_pp():g}). Rows are sorted by the verdict, then memory saved; rows equal in all of "
         "these are ties (=). n: questions / distinct documents behind the pooled Δ.",
-    ]
+    ] + ([f"{style.bold('Partial')}: {t(m['partial'])} record(s) come from runs that have not finished (their "
+          "records.jsonl, not yet in the store); the rows they enter are marked (partial) and will change when "
+          "the runs complete."] if m.get("partial", "0") != "0" else [])
 
 
 def _setting_heading(setting: str) -> str:
@@ -781,7 +805,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _write_from_args(args: argparse.Namespace) -> list[Path]:
     out_dir = Path(args.out_dir or args.results_dir)
-    lb = build(read_store(args.results_dir), filters_from_args(args), args.sort, args.reverse, args.depth_key)
+    lb = build(read_records(args.results_dir), filters_from_args(args), args.sort, args.reverse, args.depth_key)
     paths = [] if args.plots_only else write(lb, out_dir)
     if args.plots or args.plots_only:
         from kvbench.plots import write_all

@@ -594,3 +594,37 @@ def test_answer_sentence_and_first_row_agree_with_the_claim_check(records):
     sentence = leaderboard.answer_sentence(lb, setting)
     assert f"`{shorten(best.strategy)}`" in sentence and claims.UNDETERMINED in sentence
     assert leaderboard.claim_verdicts(lb.summary, setting)[best.strategy] == leaderboard.UNDECIDED_IN
+
+
+# ------------------------------------------------------------------------------------ partial results
+
+
+def test_an_interrupted_runs_finished_samples_are_shown_marked_partial(store_dir, tmp_path):
+    """A run stopped after 3 of its 6 samples has records.jsonl but no parquet in the store (the store is
+    written when a run ends): `kvbench leaderboard` still ranks those samples, and says they are partial."""
+    import json
+
+    results = _copy_store(store_dir, tmp_path / "results")
+    stopped = next((results / "store").glob("beta-*.parquet"))
+    run = pd.read_parquet(stopped)
+    stopped.unlink()
+    done = sorted(run["sample_id"].unique())[:3]
+    run_dir = results / "runs" / stopped.stem
+    run_dir.mkdir(parents=True)
+    finished = run[run["sample_id"].isin(done)].to_dict("records")
+    (run_dir / "records.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in finished))
+
+    out = tmp_path / "board"
+    assert leaderboard.main(["--results-dir", str(results), "--out-dir", str(out)]) == 0
+    table = pd.read_csv(out / "leaderboard.csv")
+    assert (table["beta.n"] == 3).all() and (table["alpha.n"] == 6).all()  # today: no beta at all
+    assert table["partial"].all()  # every row rests on some of the stopped run's samples
+    md = (out / "leaderboard.md").read_text()
+    assert "| full (partial) |" in md and "3 record(s)" not in md
+    assert f"**Partial**: {len(finished)} record(s) come from runs that have not finished" in md
+    # Once the run publishes its parquet, nothing is partial any more.
+    from kvbench.results import atomic_write_parquet
+
+    atomic_write_parquet(run[run["sample_id"].isin(done)], stopped)
+    lb = leaderboard.build(leaderboard.read_records(results))
+    assert "partial" not in lb.table.columns or not lb.table["partial"].any()
