@@ -92,7 +92,7 @@ def test_grid_expands_to_hydra_jobs_and_counts_them(tmp_path, capsys):
     path = _write_sweep(tmp_path / "grid.yaml", {
         "name": "grid",
         "overrides": ["model=tiny-llama"],
-        "axes": {"task.context_tokens": [64, 128]},
+        "axes": {"task.context_tokens": [1024, 1536]},  # every job is checked whole (samples built up front)
         "blocks": {"evict": {"strategy": ["snapkv", "h2o"], "strategy.compression_ratio": "0.5,0.75,0.9"},
                    "quant": {"strategy": "int8,int4"}},
         "launcher_overrides": {"joblib": ["hydra.launcher.n_jobs=2"]},
