@@ -1,15 +1,25 @@
 """Command line: ``python -m kvbench [hydra overrides]`` runs a benchmark; ``kvbench calc|hardware|leaderboard|
 lmeval|plan|sweep ...`` dispatch to their own tools. Bad input ends with one line on stderr and exit status 2, never a
-traceback, and nothing written. Before the first job starts, every job of a (multi)run is composed and its values
-that need no model are checked (overrides, strategy parameters by building the strategies, engine and sample
-counts: :func:`kvbench.config.check_overrides`); what needs the model or the data (task files, context lengths)
-is checked when its job starts, before that job measures or writes anything."""
+traceback, and nothing written: every job of a (multi)run is composed and checked before the first one starts,
+its samples built with the model's tokenizer against the task's minimum and the model's window.
+
+A multirun behaves like Hydra's: each job directory (``<sweep dir>/<n>/``) holds ``.hydra/{config,hydra,
+overrides}.yaml`` and, once the job ran, ``run`` (a symlink) and ``run_dir.txt`` naming its run directory under
+``results_dir/runs/``. A job that still fails at run time writes ``error.txt`` there and the others run on; the
+multirun then lists every failure and exits with status 1. ``--cfg job`` prints the composed config with every
+value the run will use (interpolations resolved, each strategy's parameters as built).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import json
+import os
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -46,15 +56,98 @@ def fail(message: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
+#: Environment variable naming the file where multirun jobs (in this or a launcher's worker process) append
+#: one JSON line per failure; the launching process reads it once Hydra returns.
+FAILURES_ENV = "KVBENCH_MULTIRUN_FAILURES"
+
+
 def _job(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     from kvbench.runner import run, validate_cfg
 
+    hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
+    multirun = hydra_cfg is not None and hydra_cfg.mode == RunMode.MULTIRUN
     try:
-        run(cfg, validate_cfg(cfg))
-    except KVBenchError as exc:
-        fail(str(exc))
-    except OmegaConfBaseException as exc:
-        fail(str(exc).strip().splitlines()[0])
+        summary = run(cfg, validate_cfg(cfg))
+    except (KVBenchError, OmegaConfBaseException) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if not multirun:
+            fail(message)
+        _record_failure(hydra_cfg, message)  # the other jobs run on; the launcher reports every failure
+        return
+    if multirun:
+        _point_to_run(Path(hydra_cfg.runtime.output_dir), summary.attrs.get("run_dir"))
+
+
+def _point_to_run(job_dir: Path, run_dir: str | None) -> None:
+    """``run`` (symlink) and ``run_dir.txt`` in a multirun job's directory: which run this job became."""
+    if not run_dir:
+        return
+    target = Path(run_dir).resolve()
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "run_dir.txt").write_text(f"{target}\n")
+    link = job_dir / "run"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    with contextlib.suppress(OSError):  # a filesystem without symlinks: run_dir.txt is the pointer
+        link.symlink_to(target, target_is_directory=True)
+
+
+def _record_failure(hydra_cfg: DictConfig, message: str) -> None:
+    job_dir = Path(hydra_cfg.runtime.output_dir)
+    overrides = list(hydra_cfg.overrides.task)
+    print(f"kvbench: error: job {hydra_cfg.job.num} ({' '.join(overrides)}): {message}", file=sys.stderr)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "error.txt").write_text(message + "\n")
+    path = os.environ.get(FAILURES_ENV)
+    if path:
+        line = json.dumps({"num": int(hydra_cfg.job.num), "overrides": overrides, "error": message}) + "\n"
+        with open(path, "a", encoding="utf-8") as fh:  # one short O_APPEND write per failure
+            fh.write(line)
+
+
+def _multirun(argv: list[str], overrides: list[str], n_jobs: int) -> None:
+    """Run Hydra's multirun with ``.hydra/`` in every job dir; afterwards report every failed job, exit 1."""
+    extra = [] if any(o.startswith("hydra.output_subdir=") for o in overrides) else ["hydra.output_subdir=.hydra"]
+    fd, path = tempfile.mkstemp(prefix="kvbench-failures-", suffix=".jsonl")
+    os.close(fd)
+    os.environ[FAILURES_ENV] = path
+    sys.argv = [sys.argv[0], *argv, *extra]
+    try:
+        try:
+            _hydra_entry()()
+        except SystemExit as exc:
+            if exc.code:
+                raise
+        failures = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    finally:
+        os.environ.pop(FAILURES_ENV, None)
+        Path(path).unlink(missing_ok=True)
+    if failures:
+        print(f"kvbench: error: {len(failures)} of {n_jobs} job(s) failed (the others ran):", file=sys.stderr)
+        for f in sorted(failures, key=lambda f: f["num"]):
+            print(f"  job {f['num']} ({' '.join(f['overrides'])}): {f['error']}", file=sys.stderr)
+        raise SystemExit(1)
+
+
+def print_job_config(overrides: list[str]) -> None:
+    """``--cfg job``: the composed config as the run uses it — interpolations resolved (``task.seed``, a task
+    length fitted to the model) and each strategy's parameters as built (``compression_ratio: 0.5``, not the
+    ``null`` that means "the default")."""
+    from omegaconf import OmegaConf
+
+    from kvbench.config import compose_config, resolve_strategies
+
+    cfg = compose_config(overrides)
+    built = {s.name: s.params() for s in resolve_strategies(cfg)}
+    data = OmegaConf.to_container(cfg, resolve=True)
+    if cfg.get("strategies"):
+        data["strategies_params"] = {name: built[name] for name in map(str, cfg.strategies) if name in built}
+    else:
+        data["strategy"] = {"name": str(cfg.strategy.name), **built.get(str(cfg.strategy.name), {})}
+    print(OmegaConf.to_yaml(OmegaConf.create(data)), end="")
 
 
 def _hydra_entry() -> Callable[[], None]:
@@ -101,11 +194,22 @@ def main(argv: list[str] | None = None) -> None:
     from hydra._internal.utils import get_args_parser
 
     args = get_args_parser().parse_args(argv)
+    n_jobs = 1
     if not (args.hydra_help or args.info or args.shell_completion):
         try:
-            check_overrides(args.overrides, multirun=args.multirun)
+            n_jobs = check_overrides(args.overrides, multirun=args.multirun)
+        except KVBenchError as exc:
+            job = getattr(exc, "job", None)
+            fail(f"job {' '.join(job)}: {exc}" if args.multirun and job else str(exc))
+    if args.cfg == "job" and not args.multirun and not args.package:
+        try:
+            print_job_config(args.overrides)
         except KVBenchError as exc:
             fail(str(exc))
+        raise SystemExit(0)
+    if args.multirun and not (args.cfg or args.hydra_help or args.info or args.shell_completion):
+        _multirun(argv, args.overrides, n_jobs)
+        return
     sys.argv = [sys.argv[0], *argv]
     _hydra_entry()()
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib
+import math
 import types
 import typing
 from collections.abc import Iterator
@@ -221,9 +223,46 @@ def task_node(name: str, defaults: dict[str, Any]) -> Any:
     for key, value in defaults.items():
         if key == "seed":
             fields.append((key, int, "${seed}"))
+        elif key == "context_tokens" and isinstance(value, int):
+            # The task's length, fitted to the chosen model's window (see fit_context): `model=tiny-llama`
+            # works with every task's defaults, and `--cfg job` shows the number used.
+            fields.append((key, int, f"${{kvbench_context:{value},${{model.name}},${{oc.select:model.path,null}}}}"))
         else:
             fields.append((key, _value_type(value), value))
     return _node(f"{name.title()}TaskConfig", fields)
+
+
+# -- defaults that depend on the model -------------------------------------------------------------------
+#: Tokens kept free of the document in a fitted default: the prompt, question and answer of every shipped
+#: task fit in it (legal at 2,048 tokens needs 76 more than its context; the rest are shorter).
+CONTEXT_HEADROOM = 256
+
+
+@functools.lru_cache(maxsize=32)
+def model_max_context(name: str, path: str | None = None) -> int | None:
+    """The positions a model takes (``max_position_embeddings``) without loading its weights: the built-in
+    tiny Llama's, a :mod:`kvbench.calc` preset's, or a local checkpoint's ``config.json``; None if unknown."""
+    if name == "tiny-llama":
+        from kvbench.models import tiny_llama
+
+        return int(tiny_llama().config.max_position_embeddings)
+    from kvbench import calc
+
+    try:
+        arch = calc.resolve_model(str(path) if path else name)
+    except KVBenchError:
+        return None
+    return int(arch.max_position_embeddings) if arch.max_position_embeddings else None
+
+
+def fit_context(default: int, model: str, path: str | None = None) -> int:
+    """A task's default length when it fits the model with :data:`CONTEXT_HEADROOM` to spare; otherwise the
+    largest power of two that does (tiny-llama's 2,048 positions: 1,024). An explicit
+    ``task.context_tokens=...`` replaces this and is checked against the model as given."""
+    limit = model_max_context(str(model), str(path) if path else None)
+    if not limit or default + CONTEXT_HEADROOM <= limit:
+        return int(default)
+    return 2 ** int(math.log2(max(limit - CONTEXT_HEADROOM, 1)))
 
 
 _REGISTERED: set[str] = set()
@@ -240,6 +279,9 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     if "kvbench_schema" not in _REGISTERED:
         from omegaconf import OmegaConf
+
+        if not OmegaConf.has_resolver("kvbench_context"):
+            OmegaConf.register_new_resolver("kvbench_context", fit_context)
 
         top = OmegaConf.structured(KVBenchConfig)
         OmegaConf.set_struct(top.strategies_params, False)  # strategies_params.<anything>=... needs no `+`
@@ -403,9 +445,63 @@ def check_overrides(overrides: list[str], multirun: bool | None = None) -> int:
         for job, cfg in compose_jobs(unique):
             try:
                 _CHECKED[_job_key(cfg)] = check_job(cfg, job)
+                check_task_fits(cfg)
             except KVBenchError as exc:
                 raise JobError(str(exc), job) from None
     return len(jobs)
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(name: str, path: str | None) -> tuple[Any, int]:
+    """(tokenizer, max context) of a model, without its weights. Raises KVBenchError when unavailable."""
+    if name == "tiny-llama":
+        from kvbench.models import ByteTokenizer
+
+        return ByteTokenizer(), int(model_max_context(name) or 0)
+    from kvbench.models import _checkpoint_dir, converted_smollm2_dir
+
+    source: Any = converted_smollm2_dir() if name == "smollm2-135m" else (_checkpoint_dir(name, path) or name)
+    try:
+        from transformers import AutoConfig, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        limit = int(getattr(AutoConfig.from_pretrained(source), "max_position_embeddings", 0) or 0)
+    except Exception as exc:  # noqa: BLE001 (any loader error: the run reports it as one line)
+        raise KVBenchError(f"cannot load the tokenizer of {name!r}: {_first_line(exc)}") from None
+    return tokenizer, limit
+
+
+_FITTED: dict[str, str] = {}  # task config (JSON) + model -> "" when it fits, else the error
+
+
+def check_task_fits(cfg: Any) -> None:
+    """Build the job's samples with the model's tokenizer (no weights) and check each against the task's
+    own minimum and the model's window, as the run would after loading the model: a job that cannot run
+    is refused before any job starts. Skipped when the tokenizer cannot be loaded (the run then reports
+    the missing model itself). Results are cached per (model, task settings)."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    path = cfg.model.get("path")
+    key = json.dumps([str(cfg.model.name), str(path), task], sort_keys=True, default=str)
+    if key not in _FITTED:
+        try:
+            tokenizer, limit = _tokenizer(str(cfg.model.name), str(path) if path else None)
+        except KVBenchError:
+            return
+        from kvbench.engine import check_lengths
+        from kvbench.tasks import build_samples
+
+        try:
+            for sample in build_samples(str(cfg.task.name), cfg.task, tokenizer, limit):
+                check_lengths(sample, limit)
+            _FITTED[key] = ""
+        except KVBenchError as exc:
+            _FITTED[key] = str(exc)
+    if _FITTED[key]:
+        raise KVBenchError(_FITTED[key])
 
 
 def check_job(cfg: Any, overrides: list[str]) -> list[Any]:

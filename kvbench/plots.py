@@ -58,12 +58,12 @@ def new_figure(width: float, height: float) -> Figure:
     return fig
 
 
-def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
-    """Write ``<name>.png`` and ``<name>.svg``; returns both paths."""
+def save_figure(fig: Figure, out_dir: str | Path, name: str, dpi: int = 120) -> list[Path]:
+    """Write ``<name>.png`` (at ``dpi``) and ``<name>.svg``; returns both paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     png, svg = out / f"{name}.png", out / f"{name}.svg"
-    fig.savefig(png, dpi=120, metadata=_PNG_METADATA)
+    fig.savefig(png, dpi=dpi, metadata=_PNG_METADATA)
     fig.savefig(svg, metadata=_SVG_METADATA)
     return [png, svg]
 
@@ -219,7 +219,7 @@ def label_points(ax, xs: Sequence[float], ys: Sequence[float], labels: Sequence[
     return texts
 
 
-def _pareto_panel(ax, rows: pd.DataFrame) -> Callable[[], list[Any]]:
+def _pareto_panel(ax, rows: pd.DataFrame, fontsize: float = 7.5, markersize: float = 7) -> Callable[[], list[Any]]:
     """Points, CIs and the front of the non-offloading strategies in ``rows`` on ``ax``; returns the call
     that labels them, to be made once the figure's layout is complete."""
     x0 = 100 * rows["memory_reduction"].to_numpy(dtype=float)
@@ -231,23 +231,24 @@ def _pareto_panel(ax, rows: pd.DataFrame) -> Callable[[], list[Any]]:
     colors = [family_color(f) for f in fams]
     for i in range(len(rows)):
         ax.errorbar(x[i], y[i], yerr=[[abs(y[i] - lo[i])], [abs(hi[i] - y[i])]], fmt=family_marker(fams[i]),
-                    color=colors[i], ecolor=colors[i], elinewidth=0.9, capsize=2, markersize=7,
+                    color=colors[i], ecolor=colors[i], elinewidth=0.9, capsize=2, markersize=markersize,
                     markeredgecolor="white", markeredgewidth=0.5, alpha=0.95, zorder=3)
     front = pareto_front(x0, y)
     if front:
         # A staircase: between two optimal points, the better accuracy holds until the next saving.
         fx, fy = x0[front], y[front]
         ax.step(fx, fy, where="post", color="black", linewidth=1.6, alpha=0.75, zorder=5, solid_capstyle="round")
-        ax.scatter(x[front], y[front], s=150, facecolors="none", edgecolors="black", linewidths=1.2, zorder=5)
+        ax.scatter(x[front], y[front], s=3 * markersize ** 2, facecolors="none", edgecolors="black", linewidths=1.2,
+                   zorder=5)
     # Headroom above the best point and below the worst CI: labels need room where the points crowd.
     top, bottom = np.nanmax(np.r_[hi, y]), np.nanmin(np.r_[lo, y])
     span = max(top - bottom, 10.0)
     ax.set_ylim(bottom - 0.06 * span, top + 0.12 * span)
     labels = [shorten(s) for s in rows["strategy"]]
-    return lambda: label_points(ax, x, y, labels, colors, bars=list(zip(x, lo, hi, strict=True)))
+    return lambda: label_points(ax, x, y, labels, colors, bars=list(zip(x, lo, hi, strict=True)), fontsize=fontsize)
 
 
-def _offload_panel(ax, rows: pd.DataFrame) -> None:
+def _offload_panel(ax, rows: pd.DataFrame, fontsize: float = 7.5) -> None:
     x = 100 * rows["memory_reduction"].to_numpy(dtype=float)
     y = rows["delta_pp"].to_numpy(dtype=float)
     lo = rows["delta_ci_low"].to_numpy(dtype=float)
@@ -257,21 +258,29 @@ def _offload_panel(ax, rows: pd.DataFrame) -> None:
                     color=family_color(fam), elinewidth=0.9, capsize=2, markersize=7, zorder=3)
     for xi, yi, s in zip(x, y, rows["strategy"], strict=True):
         ax.annotate(shorten(s), (xi, yi), textcoords="offset points", xytext=(4, -9), ha="right", va="top",
-                    fontsize=7.5,
-                    color=family_color("tiered"))
+                    fontsize=fontsize, color=family_color("tiered"))
     ax.set_xlim(min(80.0, np.nanmin(x) - 5) if len(x) else 80.0, 100.5)
-    ax.set_title("offloading:\ndevice memory", fontsize=8)
-    ax.set_xlabel("device mem.\nsaved (%)", fontsize=8)
-    ax.tick_params(labelsize=7)
+    ax.set_title("offloading:\ndevice mem.", fontsize=fontsize)
+    ax.set_xlabel("device mem.\nsaved (%)", fontsize=fontsize)
+    ax.tick_params(labelsize=fontsize - 0.5)
     ax.grid(alpha=0.3)
     ax.axhline(0, color="#bbbbbb", linewidth=0.8, zorder=0)
+
+
+#: Panel sizes in inches. One scope: a large, self-explaining figure. Several scopes (per task): the figure
+#: spans a two-column paper's full text width (7 in, settings side by side), so printed text stays >= 6 pt.
+PANEL_LARGE = {"width": 8.6, "height": 5.4, "font": 7.5, "marker": 7, "title": 10, "axis": 10}
+PANEL_PAPER = {"width": 7.0, "height": 2.9, "font": 6.0, "marker": 4.5, "title": 8, "axis": 7}
+#: PNG resolution of the paper-sized figure: 300 dpi is what journals ask of line art.
+PAPER_DPI = 300
 
 
 def pareto_figure(summary: pd.DataFrame, scopes: Sequence[str] | None = None,
                   settings: Sequence[str | None] | None = None) -> Figure:
     """Memory saved (x) vs accuracy delta with its 95% CI (y), each strategy labelled: one panel per scope
     (default: the pooled ``all`` rows when present, else every task) and query setting — scopes in rows,
-    settings in columns; a single scope stacks its settings so the figure stays narrow.
+    settings in columns; a single scope stacks its settings so the figure stays narrow. Several scopes get
+    paper-sized panels (:data:`PANEL_PAPER`).
 
     Offloading strategies sit in a narrow panel to the right of each panel: their x is device memory.
     Points sharing a memory reduction are spread ±0.9 points sideways so their CIs stay apart.
@@ -285,8 +294,10 @@ def pareto_figure(summary: pd.DataFrame, scopes: Sequence[str] | None = None,
     panels = [(scope, setting) for scope in scopes for setting in settings]
     cols_n = len(settings) if len(scopes) > 1 else 1
     rows_n = math.ceil(len(panels) / cols_n)
-    fig = new_figure(8.6 * cols_n, 5.4 * rows_n + 0.6)
-    axes = fig.subplots(rows_n, 2 * cols_n, squeeze=False, width_ratios=[6, 1] * cols_n, sharey="row")
+    size = PANEL_PAPER if len(scopes) > 1 else PANEL_LARGE
+    width = size["width"] * (cols_n if size is PANEL_LARGE else 1)  # the paper figure's width is the page's
+    fig = new_figure(width, size["height"] * rows_n + 0.5)
+    axes = fig.subplots(rows_n, 2 * cols_n, squeeze=False, width_ratios=[7, 1] * cols_n, sharey="row")
     families: set[str] = set()
     label_jobs = []
     for k, (scope, setting) in enumerate(panels):
@@ -302,26 +313,32 @@ def pareto_figure(summary: pd.DataFrame, scopes: Sequence[str] | None = None,
         if not kept.empty:
             xs = 100 * kept["memory_reduction"].to_numpy(dtype=float)
             ax.set_xlim(min(0.0, float(np.nanmin(xs))) - 4, min(100.0, float(np.nanmax(xs)) + 6))
-            label_jobs.append(_pareto_panel(ax, kept))
+            label_jobs.append(_pareto_panel(ax, kept, fontsize=size["font"], markersize=size["marker"]))
         if moved.empty:
             off.set_visible(False)
         else:
-            _offload_panel(off, moved)
+            _offload_panel(off, moved, fontsize=size["font"])
         scope_name = "all tasks (pooled)" if scope == OVERALL else scope
-        ax.set_title(scope_name if setting is None else f"{scope_name} — {setting}", fontsize=10)
-        ax.set_xlabel("KV bytes saved vs dense 16-bit (%)")
-        ax.set_ylabel(f"accuracy Δ vs {BASELINE} (pp, 95% CI)")
+        ax.set_title(scope_name if setting is None else f"{scope_name} — {setting}", fontsize=size["title"])
+        ax.tick_params(labelsize=size["axis"])
+        # Axis titles once per row and column on the paper grid: the panels share their scales.
+        if r == rows_n - 1 or size is PANEL_LARGE:
+            ax.set_xlabel("KV bytes saved vs dense 16-bit (%)", fontsize=size["axis"])
+        if c == 0 or size is PANEL_LARGE:
+            ax.set_ylabel(f"accuracy Δ vs {BASELINE} (pp, 95% CI)", fontsize=size["axis"])
         ax.grid(alpha=0.3)
     for k in range(len(panels), rows_n * cols_n):
         r, c = divmod(k, cols_n)
         axes[r, 2 * c].set_visible(False)
         axes[r, 2 * c + 1].set_visible(False)
     handles = [matplotlib.lines.Line2D([], [], linestyle="none", marker=family_marker(f), color=family_color(f),
-                                       markersize=7, label=f) for f in sorted(families)]
-    handles.append(matplotlib.lines.Line2D([], [], color="black", linewidth=1.6, marker="o", markersize=9,
-                                           markerfacecolor="none", label="Pareto front"))
-    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 8), fontsize=8, frameon=False)
-    fig.suptitle("Accuracy vs KV memory (dotted: −1 pp; points at equal memory spread sideways)", fontsize=11)
+                                       markersize=size["marker"], label=f) for f in sorted(families)]
+    handles.append(matplotlib.lines.Line2D([], [], color="black", linewidth=1.6, marker="o",
+                                           markersize=size["marker"] + 2, markerfacecolor="none", label="Pareto front"))
+    ncols = min(len(handles), 8 if size is PANEL_LARGE else 4)
+    fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=size["axis"], frameon=False)
+    fig.suptitle("Accuracy vs KV memory (dotted: −1 pp; points at equal memory spread sideways)",
+                 fontsize=size["title"] + 1)
     for job in label_jobs:
         job()
     return fig
@@ -377,10 +394,17 @@ def latency_figure(records: pd.DataFrame, tasks: Sequence[str] | None = None) ->
     for tick, s in zip(axes[0].get_yticklabels(), labels, strict=True):
         tick.set_color(family_color(str(fams.get(s, ""))))
     axes[0].set_ylim(len(labels) - 0.5, -0.5)
+    # Two keys: the box colour is the query setting (when there are two), the label colour the family.
+    handles = []
     if len(settings) > 1:
-        handles = [matplotlib.patches.Patch(color=SETTING_COLORS.get(s, "#777777"), alpha=0.45, label=s)
-                   for s in settings]
-        fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
+        handles += [matplotlib.patches.Patch(color=SETTING_COLORS.get(s, "#777777"), alpha=0.45, label=f"box: {s}")
+                    for s in settings]
+    present = sorted({str(fams.get(s, "")) for s in labels} - {""})
+    handles += [matplotlib.lines.Line2D([], [], linestyle="none", marker="s", markersize=8, color=family_color(f),
+                                        label=f"label: {f}") for f in present]
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 6), fontsize=8,
+                   frameon=False)
     fig.suptitle(f"Latency per strategy, {', '.join(tasks)} pooled (box: quartiles, whiskers: 5–95%)"
                  f"{_prefill_note(df)}", fontsize=10)
     return fig
@@ -688,7 +712,7 @@ def write_all(records: pd.DataFrame, summary: pd.DataFrame, out_dir: str | Path,
         figures.append(("pareto-tasks", pareto_figure(summary, scopes=_tasks(summary))))
     figures += [("latency", latency_figure(records)), ("memory", memory_figure(records))]
     for name, fig in figures:
-        paths += save_figure(fig, out_dir, name)
+        paths += save_figure(fig, out_dir, name, dpi=PAPER_DPI if name == "pareto-tasks" else 120)
     for task in needle_tasks if needle_tasks is not None else tasks_with_depth(records):
         picks = chosen or informative_strategies(records, task)
         fig = needle_figure(records, picks, task) if picks else None

@@ -471,6 +471,32 @@ def _missing(v: Any) -> bool:
         return False
 
 
+def read_unpublished(results_dir: str | Path) -> pd.DataFrame:
+    """Records of runs whose finished samples are not (all) in the store yet — a run stopped or still going
+    before it published its parquet — from their ``records.jsonl``, with ``partial=True``.
+
+    A run is published when ``store/<run id>.parquet`` holds as many records as its ``records.jsonl``; the
+    store is only written when a run ends, so without this an interrupted run's finished samples would be
+    invisible to the leaderboard. Empty when every run is published.
+    """
+    root = Path(results_dir)
+    frames = []
+    for path in sorted((root / "runs").glob("*/records.jsonl")) if (root / "runs").is_dir() else []:
+        run_id = path.parent.name
+        try:
+            records = RunStore(root, run_id).load_records(quiet=True)
+        except (OSError, ValueError):
+            continue
+        parquet = root / "store" / f"{run_id}.parquet"
+        try:
+            published = len(pd.read_parquet(parquet, columns=[RECORD_KEY[0]])) if parquet.is_file() else 0
+        except Exception:  # unreadable: read_store reports it; the run's records count as unpublished
+            published = 0
+        if records and len(records) > published:
+            frames.append(flatten_for_store(pd.DataFrame(records)).assign(partial=True))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
 # ------------------------------------------------------------------------------------------ concurrent workers
 
 

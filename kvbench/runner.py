@@ -161,6 +161,7 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
     store.write_outputs(summary)
     print_table(summary)
     print(f"results: {store.dir}")
+    summary.attrs["run_dir"] = str(store.dir)  # a multirun job dir points here (kvbench.cli)
     return summary
 
 

@@ -15,14 +15,18 @@ A sweep file has
 Values use Hydra's own sweep syntax (``a,b,c``, ``range(1,4)``, ``choice(...)``, ``glob(...)``) and are
 expanded by Hydra's own parser and :class:`BasicSweeper` logic (``glob`` against the group's options), so the
 count printed is exactly the number of jobs Hydra launches. Before anything runs, every job is composed and
-checked as ``python -m kvbench`` checks it, dry run or not. The time projection (:func:`project`) uses only
+checked as ``python -m kvbench`` checks it — its samples built with the model's tokenizer against the task's
+own minimum length and the model's window — dry run or not: one impossible job refuses the whole sweep.
+``--results-dir X`` is every job's ``results_dir`` (runs, store, multirun directories), not only the store the
+projection reads. The time projection (:func:`project`) uses only
 timings measured on this kind of machine: records in the result store for the same model, hardware and
 context length; jobs with none are reported as not measured yet.
 
 Each block is one ``python -m kvbench -m ...`` multirun; blocks run one after another, jobs inside a block
-run as the launcher allows. Jobs are idempotent (the run id hashes everything that determines the records),
-so re-running a sweep skips finished jobs and resumes partial ones, and stores from several machines merge
-(:func:`kvbench.results.read_store`).
+run as the launcher allows. A job failing at run time does not stop the others: every block runs, and the
+failures are listed at the end with exit status 1. Jobs are idempotent (the run id hashes everything that
+determines the records), so re-running a sweep skips finished jobs and resumes partial ones, and stores from
+several machines merge (:func:`kvbench.results.read_store`).
 """
 
 from __future__ import annotations
@@ -151,12 +155,13 @@ class JobInfo:
     context_tokens: int
     n_samples: int
     strategies: list[tuple[str, str]]  # (name, label), `full` first
+    results_dir: str = "results"
 
 
 def describe_jobs(sweep: Sweep) -> list[JobInfo]:
     """Compose and check every job as ``python -m kvbench`` would (one-line :class:`KVBenchError` on the first
     bad one), and return what each job's cost depends on."""
-    from kvbench.config import JobError, check_job, compose_jobs, hydra_context, resolve_strategies
+    from kvbench.config import JobError, check_job, check_task_fits, compose_jobs, hydra_context, resolve_strategies
 
     where = {tuple(job): block.name for block in sweep.blocks for job in block.jobs}
     info: dict[tuple[str, ...], JobInfo] = {}
@@ -165,11 +170,13 @@ def describe_jobs(sweep: Sweep) -> list[JobInfo]:
             for job, cfg in compose_jobs([list(j) for j in where]):
                 try:
                     check_job(cfg, job)
+                    check_task_fits(cfg)
                 except KVBenchError as exc:
                     raise JobError(str(exc), job) from None
                 info[tuple(job)] = JobInfo(
                     str(cfg.model.name), str(cfg.hardware.name), int(cfg.task.get("context_tokens") or 0),
-                    int(cfg.task.get("n_samples") or 1), [(s.name, s.label()) for s in resolve_strategies(cfg)])
+                    int(cfg.task.get("n_samples") or 1), [(s.name, s.label()) for s in resolve_strategies(cfg)],
+                    str(cfg.results_dir))
         except JobError as exc:
             raise KVBenchError(f"block {where[tuple(exc.job)]!r}, job {' '.join(exc.job)}: {exc}") from None
     return [info[tuple(job)] for block in sweep.blocks for job in block.jobs]
@@ -276,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="print the job count, estimate and commands only")
     parser.add_argument("--launcher", choices=list(LAUNCHERS), default=None,
                         help="Hydra launcher (default: the sweep file's, else basic)")
-    parser.add_argument("--results-dir", default="results", help="store whose measured timings project the time")
+    parser.add_argument("--results-dir", default=None,
+                        help="every job's results_dir (runs, store, multirun dirs) and the store whose timings "
+                             "project the time (default: the jobs' own results_dir)")
     parser.add_argument("--list", action="store_true", help="also print every job's overrides")
     return parser
 
@@ -288,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1:]
     args = build_parser().parse_args(argv)
+    if args.results_dir:  # last, so it wins over a results_dir in the sweep file
+        extra.append(f"results_dir={args.results_dir}")
     try:
         sweep = load_sweep(args.sweep, args.launcher, extra)
         _check_launcher(sweep.launcher)
@@ -302,17 +313,22 @@ def main(argv: list[str] | None = None) -> int:
         if args.list:
             for job in block.jobs:
                 print("    " + " ".join(job))
-    print(projection_text(project(jobs, args.results_dir), len(jobs), par))
+    store = args.results_dir or (jobs[0].results_dir if jobs else "results")
+    print(projection_text(project(jobs, store), len(jobs), par))
     cmds = commands(sweep)
     for cmd in cmds:
         print("$ " + shlex.join(cmd[0:1] + cmd[1:]))
     if args.dry_run:
         return 0
-    for cmd in cmds:
+    failed = []
+    for block, cmd in zip(sweep.blocks, cmds, strict=True):
         rc = subprocess.run(cmd, check=False).returncode
-        if rc != 0:
-            print(f"kvbench: error: multirun exited with status {rc}: {shlex.join(cmd)}", file=sys.stderr)
-            return rc
+        if rc != 0:  # its failed jobs are listed above; the other blocks still run
+            failed.append(f"{block.name} (status {rc})")
+    if failed:
+        print(f"kvbench: error: {len(failed)} of {len(cmds)} multirun(s) had failed jobs: {', '.join(failed)}",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -906,3 +906,67 @@ def test_shared_cache_respects_the_umask(tmp_path, monkeypatch, checkpoint):
     written = [target, *target.iterdir(), corpora.corpora_dir() / "legal", *(corpora.corpora_dir() / "legal").iterdir()]
     modes = {p.name: oct(p.stat().st_mode & 0o777) for p in written}
     assert modes == {p.name: oct(0o750 if p.is_dir() else 0o640) for p in written}  # today: 0600 and 0700
+
+
+# ---------------------------------------------------------------- names are data in every output (issue 25, 7)
+
+HOSTILE = {
+    "strategy": "<img src=x onerror=alert(1)>|evil",
+    "family": "evi|ction<script>alert(2)</script>",
+    "model": "<script>alert('model')</script>|m",
+    "task": "al|pha<b>",
+}
+
+
+def _unescaped_cells(line: str) -> int:
+    import re
+
+    return len(re.split(r"(?<!\\)\|", line.strip())) - 2
+
+
+def _hostile_store(store_dir: Path, tmp_path: Path) -> Path:
+    """The fixture store with one strategy, one family, the model and one task renamed to markup and pipes."""
+    records = read_store(store_dir)
+    first = sorted(s for s in records["strategy"].unique() if s != "full")[0]
+    records = records.assign(
+        strategy=records["strategy"].replace({first: HOSTILE["strategy"]}),
+        family=records["family"].where(records["strategy"] != first, HOSTILE["family"]),
+        model=HOSTILE["model"], task=records["task"].replace({"alpha": HOSTILE["task"]}))
+    results = tmp_path / "results"
+    (results / "store").mkdir(parents=True)
+    from kvbench.results import atomic_write_parquet
+
+    atomic_write_parquet(records, results / "store" / "hostile.parquet")
+    return results
+
+
+def test_hostile_names_are_escaped_in_markdown_html_and_csv(tmp_path, store_dir):
+    from kvbench import leaderboard
+
+    results = _hostile_store(store_dir, tmp_path)
+    out = tmp_path / "lb"
+    assert leaderboard.main(["--results-dir", str(results), "--out-dir", str(out)]) == 0
+    for name in ("leaderboard.md", "claim_check.md"):
+        text = (out / name).read_text()
+        # Markdown renders raw HTML on most forges: no tag of a name may survive (today: written raw).
+        assert "<script" not in text and "<img" not in text and "<b>" not in text, name
+        assert "&lt;img src=x onerror=alert(1)&gt;" in text, name  # escaped, still readable
+        # A pipe in a name must not open a cell: every row of a table has its header's cell count.
+        lines = text.splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("|") and i + 1 < len(lines) and lines[i + 1].startswith("|-"):
+                width = _unescaped_cells(line)
+                for row in lines[i + 2:]:
+                    if not row.startswith("|"):
+                        break
+                    assert _unescaped_cells(row) == width, (name, row)
+    page = (out / "leaderboard.html").read_text()
+    body = page.split("<body>", 1)[1].rsplit("<script>", 1)[0]
+    assert "<script" not in body and "<img" not in body and "<b>" not in body
+    # CSV: pandas quotes what needs quoting; every name reads back exactly, in its own column.
+    table = pd.read_csv(out / "leaderboard.csv")
+    assert HOSTILE["strategy"] in set(table["strategy"]) and set(table["model"]) == {HOSTILE["model"]}
+    assert HOSTILE["family"] in set(table["family"])
+    assert f"{HOSTILE['task']}.delta_pp" in table.columns
+    row = table[table["strategy"] == HOSTILE["strategy"]].iloc[0]
+    assert row["family"] == HOSTILE["family"] and not pd.isna(row["all.delta_pp"])

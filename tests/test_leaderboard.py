@@ -88,13 +88,16 @@ def test_writes_markdown_csv_html_and_claim_check(store_dir, records, tmp_path, 
     md = (tmp_path / "leaderboard.md").read_text()
     # Tables name strategies by their short label; the CSV keeps both.
     assert all(f"| {shorten(label)} |" in md for label in labels)
+    assert max(len(line) for line in md.splitlines() if line.startswith("| #")) < 120  # a readable answer table
     assert sorted(table["label"]) == sorted(shorten(label) for label in labels)
     assert "## Query-agnostic" in md and "## Query-aware" not in md  # the fixture's one setting, labelled
     assert set(table["setting"]) == {"query-agnostic"}
     page = (tmp_path / "leaderboard.html").read_text()
     assert "<style>" in page and "<script>" in page and "addEventListener" in page
-    assert "src=" not in page and "href=" not in page and "http" not in page  # self-contained
-    assert page.count("<tr>") == len(labels) + 1
+    assert "src=" not in page and "http" not in page  # self-contained: the only links are in-page anchors
+    assert all(h.startswith('"#') for h in page.split("href=")[1:])
+    # The answer table (ranked rows and the reference) and two detail tables (no offloading in the fixture).
+    assert page.count("<table") == 3 and page.count("data-strategy=") == 3 * len(labels)
     assert "Claim check" in (tmp_path / "claim_check.md").read_text()
     assert str(tmp_path / "leaderboard.md") in capsys.readouterr().out
 
@@ -423,7 +426,7 @@ def test_both_settings_get_their_own_labelled_tables(store_both, tmp_path):
     aware, agnostic = md.index("## Query-aware"), md.index("## Query-agnostic")
     assert aware < agnostic and "task.query_aware=false" in md[agnostic:]
     page = (tmp_path / "leaderboard.html").read_text()
-    assert page.count("<table") == 2 and 'data-setting="query-agnostic"' in page
+    assert page.count("<table") == 6 and 'data-setting="query-agnostic"' in page
     claims_md = (tmp_path / "claim_check.md").read_text()
     assert "# Claim check — query-aware" in claims_md and "# Claim check — query-agnostic" in claims_md
 
@@ -451,7 +454,6 @@ def test_paired_test_columns_are_rendered_when_the_summary_has_them(records, mon
         for col in leaderboard.TEST_COLUMNS:
             assert f"{scope}.{col}" in lb.table.columns
     md = leaderboard.render_markdown(lb)
-    assert "all tasks: only strategy / only full right" in md and "| +1 / −3 |" in md
     assert "delta_method" in md  # the header names where the CI method is recorded
     csv = leaderboard.render_csv(lb)
     assert "newcombe-paired" in csv and "0.62" in csv
@@ -461,9 +463,10 @@ def test_html_renders_markdown_and_marks_best_first_directions(records):
     page = leaderboard.render_html(leaderboard.build(records))
     text = page.split("<body>", 1)[1].split("<script>", 1)[0]
     assert "**" not in text and "`" not in text and "*all tasks*" not in text
-    assert "<strong>tiny-llama</strong>" in text and "<code>full</code>" in text and "<em>all tasks</em>" in text
+    assert "<strong>tiny-llama</strong>" in text and "<code>full</code>" in text
     # First click sorts best first: larger-is-better columns descend, smaller-is-better and text ascend.
-    assert 'data-best="desc" data-key="all.delta_pp" class="desc"' in text  # the current order, marked
+    assert 'data-best="asc" data-key="rank" class="asc"' in text  # the current order, marked
+    assert 'data-best="desc" data-key="all.delta_pp"' in text
     assert 'data-best="asc" data-key="alpha.bytes_per_token"' in text
     assert 'data-best="asc" data-key="label"' in text
 
@@ -538,3 +541,90 @@ def test_each_setting_states_the_baselines_accuracy_with_its_interval(records):
         assert row[f"{task}.accuracy_ci_low"] == pytest.approx(lo)
         assert row[f"{task}.accuracy_ci_high"] == pytest.approx(hi)
     assert md.count("Baseline (`full`) accuracy with its 95% interval") == len(lb.settings)
+
+
+# ------------------------------------------------------------------------------- the answer table
+
+
+def with_offloading_and_a_tie(records: pd.DataFrame) -> pd.DataFrame:
+    """The fixture plus a ``tiered`` strategy that saves 97% *device* memory at full's scores (it would top
+    any table sorted by accuracy, then memory) and a second int4 whose scores and memory equal int4's."""
+    tiered = records[records["strategy"] == "full"].assign(
+        strategy="tiered(hot_tokens=4)", strategy_name="tiered", family="tiered", memory_reduction=0.97,
+        kv_bytes=records["kv_bytes_fp16"] * 0.03)
+    int4 = records[records["strategy"].str.startswith("int4")]
+    twin = int4.assign(strategy=int4["strategy"].str.replace("residual_length=0", "residual_length=1"))
+    return pd.concat([records, tiered, twin], ignore_index=True)
+
+
+def test_answer_table_ranks_by_verdict_then_memory_and_keeps_offloading_apart(records):
+    lb = leaderboard.build(with_offloading_and_a_tie(records))
+    for setting in lb.settings:
+        part = lb.table[lb.table["setting"] == setting]
+        ranked = part[part["section"] == leaderboard.RANKED].sort_values("rank", kind="mergesort")
+        keys = list(zip(ranked["verdict_order"], -ranked["all.memory_reduction"], strict=True))
+        assert keys == sorted(keys)  # verdict first, then the most memory saved
+        tiered = part[part["family"] == "tiered"].iloc[0]
+        assert tiered["section"] == leaderboard.OFFLOADING and pd.isna(tiered["rank"])
+        full = part[part["strategy"] == "full"].iloc[0]
+        assert full["section"] == leaderboard.REFERENCE and full["all.verdict"] == ""
+        # Identical score vectors at one memory level share a rank instead of being ranked by name.
+        twins = ranked[ranked["strategy"].str.startswith("int4")]
+        assert len(twins) == 2 and twins["rank"].nunique() == 1 and twins["tie"].all()
+
+    md = leaderboard.render_markdown(lb)
+    main = md.split("## Query-agnostic", 1)[1].split("###", 1)[0]
+    rows = [ln for ln in main.splitlines() if ln.startswith("| ") and not ln.startswith("| #")]
+    assert "tiered" not in main and "### Query-agnostic: offloading" in md  # its own, named section
+    # full closes the table as the reference, without an interval (the float32 fixture holds twice the bytes)
+    assert rows[-1].startswith("| ref. | full | baseline | -100.0% | reference | – |")
+    assert sum(ln.startswith("| 1= |") for ln in rows) == 2  # the int4 twins are the answer, tied
+    assert "tied" in leaderboard.answer_sentence(lb, "query-agnostic")
+
+
+def test_answer_sentence_and_first_row_agree_with_the_claim_check(records):
+    lb = leaderboard.build(with_offloading_and_a_tie(records.assign(
+        strategy=records["strategy"].where(~records["strategy"].str.startswith("int4"), "int4"))))
+    setting = "query-agnostic"
+    check = claims.check_claims(lb.summary[lb.summary["setting"] == setting])
+    best = check.settings[0].best_pp[claims.OVERALL]  # nothing holds at n = 12: the point-estimate pick
+    assert check.settings[0].headline[claims.OVERALL].verdict != claims.HOLDS
+    first = lb.table[(lb.table["setting"] == setting) & (lb.table["rank"] == 1)]
+    assert list(first["strategy"]) == [best.strategy]
+    sentence = leaderboard.answer_sentence(lb, setting)
+    assert f"`{shorten(best.strategy)}`" in sentence and claims.UNDETERMINED in sentence
+    assert leaderboard.claim_verdicts(lb.summary, setting)[best.strategy] == leaderboard.UNDECIDED_IN
+
+
+# ------------------------------------------------------------------------------------ partial results
+
+
+def test_an_interrupted_runs_finished_samples_are_shown_marked_partial(store_dir, tmp_path):
+    """A run stopped after 3 of its 6 samples has records.jsonl but no parquet in the store (the store is
+    written when a run ends): `kvbench leaderboard` still ranks those samples, and says they are partial."""
+    import json
+
+    results = _copy_store(store_dir, tmp_path / "results")
+    stopped = next((results / "store").glob("beta-*.parquet"))
+    run = pd.read_parquet(stopped)
+    stopped.unlink()
+    done = sorted(run["sample_id"].unique())[:3]
+    run_dir = results / "runs" / stopped.stem
+    run_dir.mkdir(parents=True)
+    finished = run[run["sample_id"].isin(done)].to_dict("records")
+    (run_dir / "records.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in finished))
+
+    out = tmp_path / "board"
+    assert leaderboard.main(["--results-dir", str(results), "--out-dir", str(out)]) == 0
+    table = pd.read_csv(out / "leaderboard.csv")
+    assert (table["beta.n"] == 3).all() and (table["alpha.n"] == 6).all()  # today: no beta at all
+    assert table["partial"].all()  # every row rests on some of the stopped run's samples
+    md = (out / "leaderboard.md").read_text()
+    assert "| full (partial) |" in md and "3 record(s)" not in md
+    assert f"**Partial**: {len(finished)} record(s) come from runs that have not finished" in md
+    # Once the run publishes its parquet, nothing is partial any more.
+    from kvbench.results import atomic_write_parquet
+
+    atomic_write_parquet(run[run["sample_id"].isin(done)], stopped)
+    lb = leaderboard.build(leaderboard.read_records(results))
+    assert "partial" not in lb.table.columns or not lb.table["partial"].any()

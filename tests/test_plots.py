@@ -138,7 +138,7 @@ def test_pareto_draws_offloading_apart_as_device_memory(board):
     main, side = [ax for ax in fig.axes if ax.get_visible()][:2]
     assert "tiered(recent_tokens=8)" not in {t.get_text() for t in _texts(main)}
     assert {t.get_text() for t in _texts(side)} == {"tiered(recent_tokens=8)"}
-    assert "device memory" in side.get_title()
+    assert "device mem" in side.get_title()
     assert main.get_xlim()[1] <= 100  # the main axis stays within bytes saved
     # Without an offloading strategy the side panel is hidden.
     fig = plots.pareto_figure(summary)
@@ -189,7 +189,30 @@ def test_latency_shows_what_differs_with_spread(board_both):
     # One box per (strategy, setting): the spread over samples, not one bar per task.
     n_boxes = sum(1 for p in fig.axes[2].patches if p.get_visible())
     assert n_boxes == 2 * len(ticks)
-    assert {t.get_text() for t in fig.legends[0].get_texts()} == {"query-aware", "query-agnostic"}
+    # The legend keys both encodings: box colour = setting, label colour = family (every family present).
+    legend = {t.get_text() for t in fig.legends[0].get_texts()}
+    families = set(board_both.records["family"].astype(str))
+    assert legend == {"box: query-aware", "box: query-agnostic"} | {f"label: {f}" for f in families}
+    colors = {t.get_text(): t.get_color() for t in fig.axes[0].get_yticklabels()}
+    fams = board_both.records.drop_duplicates("strategy").set_index("strategy")["family"]
+    assert all(colors[shorten(s)] == plots.family_color(f) for s, f in fams.items())
+
+
+def test_per_task_pareto_fits_a_paper_page(board_both, tmp_path):
+    """Two settings side by side fit a two-column paper's text width (7 in), text no smaller than 6 pt, and
+    the PNG is written at print resolution."""
+    fig = plots.pareto_figure(board_both.summary, scopes=board_both.tasks)
+    width, height = fig.get_size_inches()
+    assert width <= 7.2 and height <= 2.9 * len(board_both.tasks) + 0.5
+    fig.canvas.draw()
+    texts = [t for ax in fig.axes if ax.get_visible() for t in ax.texts if t.get_text()]
+    assert texts and min(t.get_fontsize() for t in texts) >= 6
+    assert min(t.get_fontsize() for t in fig.legends[0].get_texts()) >= 6
+    paths = plots.write_all(board_both.records, board_both.summary, tmp_path)
+    from PIL import Image
+
+    png = next(p for p in paths if p.name == "pareto-tasks.png")
+    assert Image.open(png).size[0] == round(width * plots.PAPER_DPI)
 
 
 def test_memory_figure_formula_line_and_offloading_apart(board):

