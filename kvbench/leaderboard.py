@@ -121,7 +121,8 @@ def claim_verdicts(summary: pd.DataFrame, setting: str, records: pd.DataFrame | 
     """
     rows = summary[(summary["setting"] == setting) & (summary["task"] == OVERALL)
                    & (summary["strategy"] != BASELINE)]
-    judged = _judged(rows, setting, records) if records is not None and not records.empty else {}
+    judged = {s: v.verdict for s, v in _judged(rows, setting, records).items()} \
+        if records is not None and not records.empty else {}
     out = {}
     for row in rows.to_dict("records"):
         pick = claims.Pick.from_row(row)
@@ -139,15 +140,16 @@ def claim_verdicts(summary: pd.DataFrame, setting: str, records: pd.DataFrame | 
     return out
 
 
-def _judged(rows: pd.DataFrame, setting: str, records: pd.DataFrame) -> dict[str, str]:
-    """paired.noninferiority verdicts of ``rows``' strategies against ``full`` on the pooled records."""
+def _judged(rows: pd.DataFrame, setting: str, records: pd.DataFrame) -> dict[str, paired.NonInferiority]:
+    """paired.noninferiority verdicts (with the clustered comparison each rests on) of ``rows``' strategies
+    against ``full`` on the pooled records."""
     part = records[records["setting"] == setting] if "setting" in records else records
     if "context_tokens" in part and part["context_tokens"].notna().any():
         per_length = part.groupby("context_tokens")["task"].nunique()
         part = part[part["context_tokens"] == max(per_length.index, key=lambda t: (per_length[t], t))]
     ranked = [s for s, f in zip(rows["strategy"], rows["family"], strict=True) if not _offloading(f)]
     comparisons = [c for c in (paired.compare(part, s, BASELINE) for s in ranked) if c is not None]
-    return {v.comparison.a: v.verdict for v in paired.noninferiority(comparisons)}
+    return {v.comparison.a: v for v in paired.noninferiority(comparisons)}
 
 
 def _offloading(family: Any) -> bool:
@@ -196,6 +198,16 @@ def _add_verdicts(table: pd.DataFrame, summary: pd.DataFrame, records: pd.DataFr
     table[f"{OVERALL}.documents"] = [ndocs.get((st, s), float("nan")) for st, s in
                                      zip(table["setting"], table["strategy"], strict=True)]
     verdicts = {st: claim_verdicts(summary, st, records) for st in set(table["setting"])}
+    # The interval each verdict rests on (clustered, spec v1.2 §2.2) is the one the answer table shows.
+    judged = {st: _judged(summary[(summary["setting"] == st) & (summary["task"] == OVERALL)
+                                  & (summary["strategy"] != BASELINE)], st, records)
+              for st in set(table["setting"])} if not records.empty else {}
+    for col, get in (("verdict_delta_pp", lambda c: c.estimate), ("verdict_ci_low", lambda c: c.low),
+                     ("verdict_ci_high", lambda c: c.high), ("verdict_method", lambda c: c.method),
+                     ("contexts", lambda c: c.n_contexts), ("clusters", lambda c: c.n_documents)):
+        table[f"{OVERALL}.{col}"] = [
+            get(judged[st][s].comparison) if s in judged.get(st, {}) else float("nan")
+            for st, s in zip(table["setting"], table["strategy"], strict=True)]
     table[f"{OVERALL}.verdict"] = [
         "" if sec == REFERENCE else verdicts[st].get(s, NOT_POOLED)
         for st, s, sec in zip(table["setting"], table["strategy"], table["section"], strict=True)]
@@ -206,8 +218,7 @@ def _add_verdicts(table: pd.DataFrame, summary: pd.DataFrame, records: pd.DataFr
         part = table[(table["setting"] == setting) & (table["section"] == RANKED)
                      & (table[f"{OVERALL}.verdict"] != NOT_POOLED)]
         keys = {i: (row["verdict_order"], -round(float(row[f"{OVERALL}.memory_reduction"]), 3),
-                    -row[f"{OVERALL}.delta_pp"], -row[f"{OVERALL}.delta_ci_low"], -row[f"{OVERALL}.delta_ci_high"])
-                for i, row in part.iterrows()}
+                    *(-_shown(row, OVERALL)[k] for k in range(3))) for i, row in part.iterrows()}
         order = sorted(keys, key=lambda i: (keys[i], table.at[i, "strategy"]))
         for i in order:
             first = next(j for j in order if keys[j] == keys[i])  # competition ranking: ties share a rank
@@ -450,10 +461,18 @@ def _n_cell(row: Mapping[str, Any]) -> str:
     return f"{int(n)} / {int(docs)}" if not _isnan(docs) else f"{int(n)}"
 
 
+def _shown(row: Mapping[str, Any], scope: str) -> tuple[float, float, float]:
+    """Δ and interval shown for ``scope``: the pooled verdict's clustered interval where one was computed
+    (spec v1.2 §2.2), else the summary's per-question one (per-task columns: exploratory)."""
+    if scope == OVERALL and not fmt.is_missing(row.get(f"{scope}.verdict_ci_low", float("nan"))):
+        return row[f"{scope}.verdict_delta_pp"], row[f"{scope}.verdict_ci_low"], row[f"{scope}.verdict_ci_high"]
+    return row[f"{scope}.delta_pp"], row[f"{scope}.delta_ci_low"], row[f"{scope}.delta_ci_high"]
+
+
 def _delta_cell(row: Mapping[str, Any], scope: str) -> str:
     if row["section"] == REFERENCE:
         return "reference"
-    return fmt.delta_interval(row[f"{scope}.delta_pp"], row[f"{scope}.delta_ci_low"], row[f"{scope}.delta_ci_high"])
+    return fmt.delta_interval(*_shown(row, scope))
 
 
 def main_columns(part: pd.DataFrame, memory: str = "memory saved") -> list[Column]:
@@ -502,12 +521,14 @@ def _header_lines(lb: Leaderboard, style: type = fmt.Markdown) -> list[str]:
         f"{t(m['hardware'])}, dtype {t(m['dtype'])}; {t(m['records'])} records; tasks: {t(', '.join(lb.tasks))}; "
         f"filters: {t(m['filters'])}.",
         f"Memory saved: 1 − KV bytes held / dense 16-bit bytes (spec §1). Δ acc.: strategy − {c(BASELINE)} "
-        f"accuracy in percentage points on identical samples, pooled over every task, with the paired 95% "
-        f"interval{method} (spec §2). Verdict: the claim check's reading of that interval against the "
+        f"accuracy in percentage points on identical samples, pooled over every task at one context length, with "
+        f"the paired 95% interval clustered by source document (spec v1.2 §2.2; per-task columns: per-question "
+        f"intervals{method}, exploratory). Verdict: non-inferiority at that interval against the "
         f"{margin_pp():g}-point margin — {t(WITHIN)} (the whole interval above −{margin_pp():g}), "
         f"undetermined (the interval holds both; split by where Δ lies), {t(BEYOND)} (the whole interval at or "
-        f"below −{margin_pp():g}). Rows are sorted by the verdict, then memory saved; rows equal in all of "
-        "these are ties (=). n: questions / distinct documents behind the pooled Δ.",
+        f"below −{margin_pp():g}), Holm-adjusted over the strategies ranked in the setting (spec §2.3). Rows are "
+        "sorted by the verdict, then memory saved; rows equal in all of these are ties (=). n: questions / "
+        "distinct documents behind the pooled Δ.",
     ] + ([f"{style.bold('Partial')}: {t(m['partial'])} record(s) come from runs that have not finished (their "
           "records.jsonl, not yet in the store); the rows they enter are marked (partial) and will change when "
           "the runs complete."] if m.get("partial", "0") != "0" else [])

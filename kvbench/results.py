@@ -68,9 +68,24 @@ def printable(text: object) -> str:
     return _CONTROL.sub("", str(text))
 
 
+_QUIET = [0]
+
+
 def warn(message: str) -> None:
     """One warning line on stderr (the run goes on); names in it are shown without control characters."""
-    print(f"kvbench: warning: {printable(message)}", file=sys.stderr)
+    if not _QUIET[0]:
+        print(f"kvbench: warning: {printable(message)}", file=sys.stderr)
+
+
+@contextmanager
+def quiet_warnings() -> Iterator[None]:
+    """No :func:`warn` lines inside: for work repeated later in the same run (the up-front sample check of a
+    job builds the samples the job builds again and warns about then)."""
+    _QUIET[0] += 1
+    try:
+        yield
+    finally:
+        _QUIET[0] -= 1
 
 
 def slug(name: object, max_len: int = 40) -> str:
