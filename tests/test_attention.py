@@ -66,7 +66,9 @@ def _records(family: str, impl: str, name: str, batch: bool) -> list:
 @pytest.mark.parametrize("family", ["llama", "mistral"])
 @pytest.mark.parametrize("name", strategies.available())
 def test_kvbench_attention_gives_sdpa_records(family, name):
-    for batch in (True, False):
+    # Batched rows on a sliding-window model are refused (kvbench.cache: the per-row masks do not apply the
+    # window yet), so the windowed family is checked one sample at a time.
+    for batch in (True, False) if family != "mistral" else (False,):
         ref, new = _records(family, "sdpa", name, batch), _records(family, "kvbench", name, batch)
         for a, b in zip(ref, new, strict=True):
             assert b.record["prediction"] == a.record["prediction"]

@@ -566,6 +566,11 @@ def test_smollm_quantized_caches_track_full(smollm) -> None:
     """512 real tokens on SmolLM2-135M (bf16): measured reduction equals the bit budget, next-token
     predictions stay with ``full``, and the error grows as bits fall."""
     model, tok = smollm.model, smollm.tokenizer
+    from kvbench import attention
+
+    # The session's model may have been switched to kvbench's attention by an Engine built in another test;
+    # the reference figures below are SDPA's.
+    attention.use(model, "sdpa", "cpu")
     text = ("The history of the printing press begins in Mainz, where Johannes Gutenberg combined "
             "movable metal type, oil-based ink and a screw press. ") * 40
     ids = torch.tensor([tok.encode(text)[:512]])
