@@ -594,7 +594,10 @@ def test_smollm_quantized_caches_track_full(smollm) -> None:
     assert results["int8"][2] == pytest.approx(1 - 8.25 / 16, abs=1e-6)
     for name in ("int8", "fp8", "bfp", "int4"):
         assert results[name][0] >= 0.8, (name, results)
-    assert results["int8"][1] < results["int4"][1] < results["int2"][1]
+    # int8 and int4 both far below int2; their own order is not asserted: at 512 tokens KIVI's int4 keeps the 128
+    # newest values exact, so the two KLs lie within a few percent of each other and which is smaller depends
+    # on the CPU's kernels (int8 1.43e-4 vs int4 1.39e-4 on one machine where the ordering once held).
+    assert max(results["int8"][1], results["int4"][1]) < results["int2"][1]
 
 
 # -- the benchmark script's table ----------------------------------------------------------------------------
