@@ -611,7 +611,7 @@ def run_samples(engine: Engine, samples: list[Sample], strategies: list[Strategy
     if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 0:
         raise KVBenchError(f"engine.max_new_samples must be an integer >= 0 (got {max_new!r})")
     window = query_window_for(strategies)
-    baseline, others = strategies[0], strategies[1:]
+
     def skipped() -> None:
         if progress:
             progress(len(strategies), "")
@@ -622,37 +622,13 @@ def run_samples(engine: Engine, samples: list[Sample], strategies: list[Strategy
         return
     for batch in _claimed_batches(samples, done, 1 if chunk_tokens else batch_size, skipped, max_new):
         pre = None if chunk_tokens else engine.prefill(batch[0] if len(batch) == 1 else batch, window)
-        bases: list[StrategyResult | None] = []
-        for sample in batch:
-            base = _load_baseline(baseline_dir, baseline_key, sample) if baseline_dir and baseline_key else None
-            if base is not None:
-                base.record.update({k: v for k, v in engine.run_fields.items()})
-            bases.append(base)
-        missing = [i for i, b in enumerate(bases) if b is None]
-        if progress:
-            progress(0, baseline.name)
-        if missing:
-            fresh = engine.evaluate_batch(baseline, [batch[i] for i in missing], pre, [None] * len(missing),
-                                          chunk_tokens, rows=missing)
-            for i, base in zip(missing, fresh, strict=True):
-                bases[i] = base
-                if baseline_dir and baseline_key:
-                    _save_baseline(baseline_dir, baseline_key(batch[i]), base)
-        if progress:
-            progress(len(batch), baseline.name)
-        results: list[list[StrategyResult]] = [[b] for b in bases if b is not None]
-        for s in others:
-            if progress:
-                progress(0, s.name)
-            for i, r in enumerate(engine.evaluate_batch(s, batch, pre, [b.logp for b in bases if b is not None],
-                                                        chunk_tokens)):
-                results[i].append(r)
-            if progress:
-                progress(len(batch), s.name)
-        for rs in results:
-            write(_stamp_baseline([r.record for r in rs]))
-        del pre
 
+        def evaluate(s: Strategy, rows: list[int], logps: list[torch.Tensor | None],
+                     batch: list[Sample] = batch, pre: Prefill | None = pre) -> list[StrategyResult]:
+            return engine.evaluate_batch(s, [batch[i] for i in rows], pre, logps, chunk_tokens, rows=rows)
+
+        _evaluate_all(batch, strategies, evaluate, write, baseline_dir, baseline_key, progress, engine.run_fields)
+        del pre, evaluate  # the batch's capture is freed before the next prefill
 
 
 def _contexts(samples: list[Sample]) -> list[list[Sample]]:
@@ -691,32 +667,46 @@ def _run_context(engine: Engine, questions: list[Sample], strategies: list[Strat
                  window: int | None) -> None:
     """One prefill of the shared context; each strategy compresses it once and answers every question."""
     pre = engine.prefill(questions[0], window)
+
+    def evaluate(s: Strategy, rows: list[int], logps: list[torch.Tensor | None]) -> list[StrategyResult]:
+        return engine.evaluate_context(s, [questions[i] for i in rows], pre, logps)
+
+    _evaluate_all(questions, strategies, evaluate, write, baseline_dir, baseline_key, progress, engine.run_fields)
+
+
+def _evaluate_all(samples: list[Sample], strategies: list[Strategy],
+                  evaluate: Callable[[Strategy, list[int], list[torch.Tensor | None]], list[StrategyResult]],
+                  write: Callable[[list[dict[str, Any]]], None], baseline_dir: Path | None,
+                  baseline_key: Callable[[Sample], str] | None, progress: ProgressFn | None,
+                  run_fields: dict[str, Any]) -> None:
+    """``full`` first (reused from its stored baseline where one verifies, else computed and stored), then every
+    other strategy against it; each sample's records written together. ``evaluate(strategy, rows, logps)``
+    scores ``samples[rows]`` (a batch sharing a prefill, or questions sharing a context)."""
     baseline, others = strategies[0], strategies[1:]
     bases: list[StrategyResult | None] = []
-    for q in questions:
-        base = _load_baseline(baseline_dir, baseline_key, q) if baseline_dir and baseline_key else None
+    for sample in samples:
+        base = _load_baseline(baseline_dir, baseline_key, sample) if baseline_dir and baseline_key else None
         if base is not None:
-            base.record.update(engine.run_fields)
+            base.record.update(run_fields)
         bases.append(base)
     missing = [i for i, b in enumerate(bases) if b is None]
     if progress:
         progress(0, baseline.name)
     if missing:
-        fresh = engine.evaluate_context(baseline, [questions[i] for i in missing], pre, [None] * len(missing))
-        for i, base in zip(missing, fresh, strict=True):
+        for i, base in zip(missing, evaluate(baseline, missing, [None] * len(missing)), strict=True):
             bases[i] = base
             if baseline_dir and baseline_key:
-                _save_baseline(baseline_dir, baseline_key(questions[i]), base)
+                _save_baseline(baseline_dir, baseline_key(samples[i]), base)
     if progress:
-        progress(len(questions), baseline.name)
+        progress(len(samples), baseline.name)
     done = [b for b in bases if b is not None]
     results: list[list[StrategyResult]] = [[b] for b in done]
     for s in others:
         if progress:
             progress(0, s.name)
-        for i, r in enumerate(engine.evaluate_context(s, questions, pre, [b.logp for b in done])):
+        for i, r in enumerate(evaluate(s, list(range(len(samples))), [b.logp for b in done])):
             results[i].append(r)
         if progress:
-            progress(len(questions), s.name)
+            progress(len(samples), s.name)
     for rs in results:
         write(_stamp_baseline([r.record for r in rs]))
