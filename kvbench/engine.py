@@ -177,13 +177,27 @@ class Engine:
         if pre is not None:
             prefill_s, prefill_peak = pre.seconds, pre.peak_bytes
 
-            def make_caches() -> list[KVBenchCache]:
+            def build() -> list[KVBenchCache]:
                 out = []
                 for i, (sample, r) in enumerate(zip(samples, rows, strict=True)):
                     self.bind(strategy, sample.prefix_ids)  # per sample: stores read their own prefix ids at build
                     cache, compress_s[i] = self._cache(strategy, pre.rows[r])
                     out.append(cache)
                 return out
+
+            # Compress once: pass (a) gets copies, pass (b) the originals — unless a store cannot be copied
+            # (can_clone), then each pass builds its own, as both passes must start from the compressed cache.
+            built: list[KVBenchCache] = []
+
+            def make_caches() -> list[KVBenchCache]:
+                if built:
+                    return [built.pop(0) for _ in range(len(built))]
+                fresh = build()
+                copies = [try_clone(strategy, c, self.model) for c in fresh]
+                if any(c is None for c in copies):
+                    return fresh
+                built.extend(fresh)
+                return copies  # type: ignore[return-value]
         else:
             self.bind(strategy, samples[0].prefix_ids)
             prefix = torch.tensor([samples[0].prefix_ids], device=self.device)
@@ -210,9 +224,12 @@ class Engine:
             raise KVBenchError("questions of one context must share their prefix_ids")
         self.bind(strategy, prefix)
         built, seconds = self._cache(strategy, pre.rows[0])
-        if can_clone(strategy, built, self.model):
+        first = try_clone(strategy, built, self.model)
+        if first is not None:
+            spare = [first]  # the trial copy serves the first pass
+
             def copies() -> list[KVBenchCache]:
-                return [clone_cache(built, self.model)]
+                return [spare.pop() if spare else clone_cache(built, self.model)]
         else:
             # Stores that hold more than tensors (files, cross-layer links, backend tensor subclasses): each
             # pass gets the cache rebuilt from the capture instead, equal by construction.
@@ -447,17 +464,21 @@ def document_of(sample: Sample) -> str:
     return str(sources[0]) if sources else context_of(sample)
 
 
-def can_clone(strategy: Strategy, cache: KVBenchCache, model: torch.nn.Module | None = None) -> bool:
-    """Whether :func:`clone_cache` gives an independent copy of ``cache``: the strategy (or, for ``compose``,
-    each part) does not declare ``cache_copyable = False``, and a trial copy succeeds."""
+def try_clone(strategy: Strategy, cache: KVBenchCache, model: torch.nn.Module | None = None) -> KVBenchCache | None:
+    """An independent copy of ``cache`` (:func:`clone_cache`), or None when it cannot be copied: the strategy
+    (or, for ``compose``, a part) declares ``cache_copyable = False``, or the copy fails."""
     parts = [strategy] + [getattr(strategy, a) for a in ("evictor", "quantizer") if hasattr(strategy, a)]
     if not all(getattr(p, "cache_copyable", True) for p in parts):
-        return False
+        return None
     try:
-        clone_cache(cache, model)
+        return clone_cache(cache, model)
     except (RuntimeError, TypeError):
-        return False
-    return True
+        return None
+
+
+def can_clone(strategy: Strategy, cache: KVBenchCache, model: torch.nn.Module | None = None) -> bool:
+    """Whether :func:`clone_cache` gives an independent copy of ``cache`` (a trial copy, :func:`try_clone`)."""
+    return try_clone(strategy, cache, model) is not None
 
 
 def clone_cache(cache: KVBenchCache, model: torch.nn.Module | None = None) -> KVBenchCache:
