@@ -559,6 +559,18 @@ def informative_strategies(records: pd.DataFrame, task: str, k: int = 3) -> list
     return [s for _, _, s in sorted(scored)[:k]]
 
 
+def _depth_length_axes(ax: Any, columns: list[str], depths: list[float], r: int, c: int, settings: list[str],
+                       setting: str, name: str) -> None:
+    """Ticks, labels and title of one depth × length heatmap panel (row ``r``, column ``c`` of the grid)."""
+    ax.set_xticks(range(len(columns)), columns, fontsize=7)
+    ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths], fontsize=7)
+    if r == len(settings) - 1:
+        ax.set_xlabel("context tokens", fontsize=8)
+    if c == 0:
+        ax.set_ylabel(f"{setting}\nneedle depth" if len(settings) > 1 else "needle depth (0 = start)", fontsize=8)
+    ax.set_title(shorten(name), fontsize=9)
+
+
 def needle_figure(records: pd.DataFrame, strategies: Sequence[str] | str, task: str | None = None) -> Figure | None:
     """Heatmaps of accuracy by needle depth (rows) × context length (columns), one panel per strategy with
     ``full`` first, one row of panels per query setting; each cell shows the accuracy and its ``n``.
@@ -597,14 +609,7 @@ def needle_figure(records: pd.DataFrame, strategies: Sequence[str] | str, task: 
                 if not math.isnan(v):
                     ax.text(j, i, f"{v:.2f}\nn={cnt[i, j]}", ha="center", va="center", fontsize=7,
                             color="white" if v < 0.55 else "black")
-            ax.set_xticks(range(len(cols)), cols, fontsize=7)
-            ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths], fontsize=7)
-            if r == len(settings) - 1:
-                ax.set_xlabel("context tokens", fontsize=8)
-            if c == 0:
-                ax.set_ylabel(f"{setting}\nneedle depth" if len(settings) > 1 else "needle depth (0 = start)",
-                              fontsize=8)
-            ax.set_title(shorten(name), fontsize=9)
+            _depth_length_axes(ax, cols, depths, r, c, settings, setting, name)
     if im is not None:
         fig.colorbar(im, ax=axes, shrink=0.8, label="accuracy")
     fig.suptitle(f"Needle accuracy by depth × length{f' — {task}' if task else ''}", fontsize=10)
@@ -671,14 +676,7 @@ def needle_map_figure(records: pd.DataFrame, strategies: Sequence[str] | str, ta
                 if not math.isnan(v):
                     ax.text(j, i, f"{v:+.0f}\nn={cnt[i, j]}", ha="center", va="center", fontsize=7,
                             color="white" if abs(v) > 60 else "black")
-            ax.set_xticks(range(len(lengths)), [f"{v:,}" for v in lengths], fontsize=7)
-            ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths], fontsize=7)
-            if r == len(settings) - 1:
-                ax.set_xlabel("context tokens", fontsize=8)
-            if c == 0:
-                ax.set_ylabel(f"{setting}\nneedle depth" if len(settings) > 1 else "needle depth (0 = start)",
-                              fontsize=8)
-            ax.set_title(shorten(name), fontsize=9)
+            _depth_length_axes(ax, [f"{v:,}" for v in lengths], depths, r, c, settings, setting, name)
     if im is not None:
         fig.colorbar(im, ax=axes, shrink=0.8, label="Δ accuracy vs full (pp)")
     fig.suptitle(f"Needle map: paired loss vs full by depth × length{f' — {task}' if task else ''}", fontsize=10)
