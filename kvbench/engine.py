@@ -88,12 +88,15 @@ class Engine:
     #: ``engine.attention``: ``auto`` (kvbench's short-query attention on CPU, SDPA elsewhere), ``sdpa`` or
     #: ``kvbench`` (:mod:`kvbench.attention`); the model is switched to it when the engine is made.
     attention: str = "auto"
+    #: ``engine.linear``: ``auto``, ``native`` or ``float32`` (:mod:`kvbench.linear`); the resolved choice.
+    linear: str = "auto"
 
     def __post_init__(self) -> None:
-        from kvbench import attention
+        from kvbench import attention, linear
 
         if hasattr(self.model, "set_attn_implementation"):
             self.attention = attention.use(self.model, self.attention, self.device)
+        self.linear = linear.use(self.model, self.linear, self.device)
 
     @property
     def model(self) -> torch.nn.Module:

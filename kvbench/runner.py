@@ -77,7 +77,7 @@ def dataset_name(task_cfg: Any) -> str:
 def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFrame:
     """Execute one job and return its summary table. ``strategies``: those :func:`validate_cfg` built for
     ``cfg`` (``full`` first); built here when not given."""
-    from kvbench import identity
+    from kvbench import identity, linear
 
     profile, device = _hardware(cfg)
     if getattr(profile, "threads", None):
@@ -110,6 +110,9 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
         chunk_tokens=chunk_tokens)
     if attn:  # only when chosen, so runs under transformers' default keep their identity
         determinants["attn_implementation"] = str(attn)
+    linear_choice = linear.resolve(str(cfg.engine.get("linear", "auto")), device, lm.model)
+    if linear_choice != "native":  # float32 sums in another order can flip a near-tie: a different run
+        determinants["linear"] = linear_choice
     config_hash = identity.config_hash(determinants, strategies)
     dataset = dataset_name(cfg.task)
     # Slugs + hash: no config value can steer a path; the real names stay in the records.
@@ -132,7 +135,8 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
         "dtype": dtype, "seed": int(cfg.seed), "query_aware": bool(cfg.task.get("query_aware", False)),
         "model_path": model_path, "model_digest": model_digest,
         "task_digest": task_inputs.get("digest"), "hardware_digest": hardware_digest,
-    }, working_copy=bool(cfg.engine.working_copy), attention=str(cfg.engine.attention))
+    }, working_copy=bool(cfg.engine.working_copy), attention=str(cfg.engine.attention),
+       linear=linear_choice)
 
     baseline_key = BaselineKey(determinants, lm.model)
     baseline_dir = _inside(results_dir / "baselines", results_dir) if cfg.engine.reuse_baseline else None
