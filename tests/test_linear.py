@@ -1,0 +1,76 @@
+"""``engine.linear`` (kvbench/linear.py): 16-bit linear layers computed as float32 GEMMs on CPU.
+
+What it must keep: the native path's result up to the order of float32 sums (so within one bf16 rounding of
+the output), single-row products exactly native, float32 models untouched, a way back (``native``), and a
+run identity of its own (a different summation order can flip a greedy near-tie).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kvbench import linear
+from kvbench.engine import Engine
+from kvbench.errors import KVBenchError
+from kvbench.models import ByteTokenizer, LoadedModel, tiny_llama
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+
+def _bf16_model() -> torch.nn.Module:
+    return tiny_llama(seed=0).to(torch.bfloat16)
+
+
+def _patched(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear) and "forward" in m.__dict__]
+
+
+def test_resolve_by_device_and_dtype() -> None:
+    bf16, f32 = _bf16_model(), tiny_llama(seed=0)
+    assert linear.resolve("auto", "cpu", bf16) == "float32"
+    assert linear.resolve("auto", "cpu", f32) == "native"          # nothing 16-bit to upcast
+    assert linear.resolve("float32", "cuda", bf16) == "native"     # accelerators have 16-bit GEMMs
+    assert linear.resolve("native", "cpu", bf16) == "native"
+    with pytest.raises(KVBenchError, match="valid: auto, native, float32"):
+        linear.resolve("fp32", "cpu", bf16)
+
+
+def test_float32_path_is_the_native_product_up_to_sum_order() -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48).to(torch.bfloat16)
+    x = torch.randn(1, 5, 64).to(torch.bfloat16)
+    native = F.linear(x, lin.weight, lin.bias)
+    model = torch.nn.Sequential(lin)
+    assert linear.use(model, "float32", "cpu") == "float32"
+    out = lin(x)
+    assert out.dtype == torch.bfloat16
+    exact = (x.double() @ lin.weight.double().T + lin.bias.double())
+    # Both round one float32 accumulation to bf16: each is within one bf16 ulp of the exact product.
+    ulp = exact.abs() * 2.0 ** -7 + 1e-30
+    assert ((out.double() - exact).abs() <= ulp).all()
+    assert ((native.double() - exact).abs() <= ulp).all()
+    one = x[:, :1]
+    assert torch.equal(lin(one), F.linear(one, lin.weight, lin.bias))  # one row: native, bit for bit
+    assert linear.use(model, "native", "cpu") == "native"
+    assert "forward" not in lin.__dict__ and torch.equal(lin(x), native)
+
+
+def test_engine_applies_it_and_greedy_tokens_match_native() -> None:
+    ids = torch.randint(1, 255, (1, 40), generator=torch.Generator().manual_seed(1))
+    native_model, upcast_model = _bf16_model(), _bf16_model()
+    Engine(LoadedModel("tiny", native_model, ByteTokenizer()), linear="native")
+    engine = Engine(LoadedModel("tiny", upcast_model, ByteTokenizer()), linear="auto")
+    assert engine.linear == "float32" and _patched(upcast_model) and not _patched(native_model)
+    with torch.inference_mode():
+        a = native_model(input_ids=ids).logits.float()
+        b = upcast_model(input_ids=ids).logits.float()
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+    assert (a - b).abs().max() < 0.1 * a.abs().max()
+
+
+def test_float32_models_are_left_alone() -> None:
+    model = tiny_llama(seed=0)
+    assert Engine(LoadedModel("tiny", model, ByteTokenizer()), linear="float32").linear == "native"
+    assert not _patched(model)
