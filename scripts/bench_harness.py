@@ -3,6 +3,8 @@
     python scripts/bench_harness.py                        # legal task, 4,096 tokens, 8 samples, batch 4, S = 7
     python scripts/bench_harness.py --context 512 --samples 2 --batch-size 2 --repeats 1   # a quick check
     python scripts/bench_harness.py --phases --samples 1 --strategies all   # where a sample's time goes
+    python scripts/bench_harness.py --before-after --samples 1 --strategies all   # the engine's speed-ups, on/off
+    python scripts/bench_harness.py --device cuda --samples 2 --batch-size 2     # on an accelerator
 
 For S strategies on the same samples it times, in one run and in turn within each repeat:
 
@@ -21,6 +23,12 @@ shared-prefill speed-up (target >= 0.8 S), sample x strategy evaluations per hou
 ``--phases`` instead times each phase of an evaluation per strategy (cache builds, teacher forcing, question
 pass, decode steps, the rest: fidelity and the record), once under ``engine.attention=sdpa`` and once under the
 engine's own choice, and writes ``results/perf/harness_phases.md`` and ``.csv``.
+
+``--before-after`` runs the shared-prefill engine (batch 1) twice over the same samples and strategies: once
+with the engine's speed-ups off (``engine.attention=sdpa``, ``engine.linear=native``: the model's own kernels)
+and once with its choices (``auto``), and compares the records of the two — greedy predictions and scores
+must be equal, and the largest differences in KL and gold-answer NLL are reported (the two differ only in the
+order of float32 sums). Writes ``results/perf/harness_before_after.md`` and ``.csv``.
 """
 
 from __future__ import annotations
@@ -170,6 +178,56 @@ def time_phases(lm: object, samples: list, names: list[str], out: Path) -> None:
     print("\n".join(lines))
 
 
+def before_after(lm: object, samples: list, names: list[str], out: Path, device: str) -> None:
+    """The engine with its speed-ups off, then on, on the same samples; wall and CPU seconds and record equality
+    (``harness_before_after.md`` / ``.csv``)."""
+    from kvbench import linear
+    from kvbench.config import strategy_params
+
+    runs: dict[str, tuple[float, float, pd.DataFrame, str]] = {}
+    for label, attn, lin in (("before", "sdpa", "native"), ("after", "auto", "auto")):
+        engine = Engine(lm, device=device, run_fields={"task": "legal", "model": "smollm2-135m", "hardware": device},
+                        attention=attn, linear=lin)
+        engine.warmup()
+        strats = [registry.build(n, strategy_params(n)) for n in names]
+        records: list[dict] = []
+        load = os.getloadavg()[0]
+        t0, c0 = time.perf_counter(), time.process_time()
+        run_samples(engine, samples, strats, set(), records.extend)
+        runs[label] = (time.perf_counter() - t0, time.process_time() - c0,
+                       pd.DataFrame(records).set_index(["sample_id", "strategy_name"]),
+                       f"attention={engine.attention}, linear={engine.linear}, load {load:.1f}")
+    linear.use(lm.model, "native", device)  # leave the model as loaded
+    a, b = runs["before"][2], runs["after"][2].reindex(runs["before"][2].index)
+    per = pd.DataFrame({
+        "prefill_s_before": a["prefill_s"], "prefill_s_after": b["prefill_s"],
+        "decode_ms_before": a["decode_ms_per_token"], "decode_ms_after": b["decode_ms_per_token"],
+        "same_prediction": a["prediction"] == b["prediction"], "same_score": a["score"] == b["score"],
+        "kl_abs_diff": (a["kl"] - b["kl"]).abs(), "gold_nll_abs_diff": (a["gold_nll"] - b["gold_nll"]).abs(),
+    }).reset_index()
+    per.to_csv(out / "harness_before_after.csv", index=False)
+    (wb, cb, _, nb), (wa, ca, _, na) = runs["before"], runs["after"]
+    lines = ["# The engine's speed-ups, off and on (measured by `scripts/bench_harness.py --before-after`)", "",
+             f"Model smollm2-135m ({lm.model.dtype}, {device}, {torch.get_num_threads()} threads), "  # type: ignore[attr-defined]
+             f"{len(samples)} `legal` sample(s) of {len(samples[0].prefix_ids)} context tokens, S = {len(names)} "
+             "strategies at their defaults, shared prefill, batch 1, one run each, in this order.", "",
+             "| run | settings | wall s | CPU s |", "|---|---|---:|---:|",
+             f"| before | {nb} | {wb:.1f} | {cb:.1f} |", f"| after | {na} | {wa:.1f} | {ca:.1f} |",
+             f"| **after / before** | | **{wa / wb:.2f}x** | {ca / cb:.2f}x |", "",
+             f"Shared prefill: {a['prefill_s'].median():.1f} s before, {b['prefill_s'].median():.1f} s after. "
+             f"Records: {int(per['same_prediction'].sum())} of {len(per)} greedy predictions equal, "
+             f"{int(per['same_score'].sum())} of {len(per)} scores equal; largest |ΔKL| "
+             f"{per['kl_abs_diff'].max():.2e}, largest |Δ gold NLL| {per['gold_nll_abs_diff'].max():.2e}.", "",
+             "| strategy | decode ms/token before | after | after / before | same prediction |",
+             "|---|---:|---:|---:|---|"]
+    for name, g in per.groupby("strategy_name", sort=False):
+        db, da = g["decode_ms_before"].median(), g["decode_ms_after"].median()
+        lines.append(f"| {name} | {db:.1f} | {da:.1f} | {da / db:.2f}x | "
+                     f"{int(g['same_prediction'].sum())}/{len(g)} |")
+    atomic_write_text(out / "harness_before_after.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def _row(label: str, values: list[float], fmt: str = "{:.1f}") -> str:
     return f"| {label} | {fmt.format(statistics.median(values))} | {fmt.format(min(values))} | " \
            f"{fmt.format(max(values))} |"
@@ -187,7 +245,11 @@ def main() -> None:
     ap.add_argument("--phases", action="store_true",
                     help="only time each phase per strategy, under SDPA and the engine's attention choice "
                          "(harness_phases.md)")
+    ap.add_argument("--before-after", action="store_true",
+                    help="only run the engine with its speed-ups off and on and compare (harness_before_after.md)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default: cpu)")
+    ap.add_argument("--dtype", default="bfloat16", help="model dtype (default: bfloat16)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -197,10 +259,16 @@ def main() -> None:
     if names[0] != "full":
         names = ["full"] + [n for n in names if n != "full"]
     strats = [registry.build(n) for n in names]
-    lm = load_model("smollm2-135m", dtype="bfloat16")
-    engine = Engine(lm, run_fields={"task": args.task, "model": lm.name, "hardware": "cpu"})
+    lm = load_model("smollm2-135m", dtype=args.dtype, device=args.device)
     samples = build_samples(args.task, _task_cfg(args.task, args.context, args.samples), lm.tokenizer,
                             lm.max_context)
+    if args.before_after:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        before_after(lm, samples, names, out, args.device)
+        return
+    engine = Engine(lm, device=args.device, run_fields={"task": args.task, "model": lm.name,
+                                                        "hardware": args.device})
     if args.phases:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -239,7 +307,7 @@ def main() -> None:
     s_count = len(strats)
     lines = [
         "# Harness speed (measured by `scripts/bench_harness.py`)", "",
-        f"Model smollm2-135m (bfloat16, CPU, {torch.get_num_threads()} threads), task `{args.task}`, "
+        f"Model smollm2-135m ({args.dtype}, {args.device}, {torch.get_num_threads()} threads), task `{args.task}`, "
         f"{args.context} context tokens, {len(samples)} samples, S = {s_count} strategies "
         f"({', '.join(names)}), {args.repeats} repeat(s); batched mode at batch size {args.batch_size}.", "",
         "## Shared prefill and batching", "",

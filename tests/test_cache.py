@@ -214,3 +214,30 @@ def test_rows_cache_equals_each_row_alone(tiny_model, tiny_ids):
     for i, (n, want) in enumerate(zip(news, alone, strict=True)):
         torch.testing.assert_close(together[i, width - n.shape[1]:], want, rtol=1e-4, atol=1e-4)
     assert [c.held_tokens()[0] for c in rows.caches] == [64 - 3 + 5, 60 - 3 + 2]
+
+
+def test_full_store_grows_in_place_without_touching_what_it_handed_out():
+    """``FullStore.append`` writes into a reserve instead of concatenating: the held tokens equal the
+    concatenation at every step, a tensor handed out earlier (to attention, or the shared capture it was
+    built from) never changes, and ``compact`` (after a chunked-prefill chunk) drops the reserve."""
+    from strategies.full import RESERVE_TOKENS, FullStore
+
+    g = torch.Generator().manual_seed(0)
+    shared_k, shared_v = torch.randn(1, 2, 10, 4, generator=g), torch.randn(1, 2, 10, 4, generator=g)
+    capture_k, capture_v = shared_k.clone(), shared_v.clone()
+    store = FullStore(strategies.build("full"), 0, 1)
+    store.prefill(shared_k, shared_v, None)
+    ref_k, ref_v, handed = shared_k, shared_v, []
+    for m in (3, 1, 1, 1):
+        k, v = torch.randn(1, 2, m, 4, generator=g), torch.randn(1, 2, m, 4, generator=g)
+        ref_k, ref_v = torch.cat([ref_k, k], dim=-2), torch.cat([ref_v, v], dim=-2)
+        out_k, out_v = store.append(k, v)
+        assert torch.equal(out_k, ref_k) and torch.equal(out_v, ref_v)
+        handed.append((out_k, out_k.clone()))
+    assert torch.equal(shared_k, capture_k) and torch.equal(shared_v, capture_v)
+    assert all(torch.equal(view, snapshot) for view, snapshot in handed)
+    assert handed[1][0].data_ptr() == handed[-1][0].data_ptr()  # steps after the first wrote in place
+    # one buffer, sized at the first growth (10 + 3 tokens) plus the reserve
+    assert store.keys.untyped_storage().nbytes() == (13 + RESERVE_TOKENS) * 2 * 4 * 4
+    store.compact()
+    assert torch.equal(store.keys, ref_k) and store.keys.untyped_storage().nbytes() == 16 * 2 * 4 * 4
