@@ -169,7 +169,8 @@ Run a benchmark (Hydra overrides; `full` is always run as the baseline):
 Groups (select with group=name, override settings with group.key=value):
 {groups}
 Other keys: seed, results_dir, engine.prefill (shared|chunked), engine.chunk_tokens, engine.warmup,
-  engine.reuse_baseline, engine.progress, strategies, strategies_params.
+  engine.reuse_baseline, engine.progress, engine.attention (auto|sdpa|kvbench),
+  engine.linear (auto|native|float32), strategies, strategies_params.
 
 Tools:
 {tools}
