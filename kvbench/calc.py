@@ -19,6 +19,11 @@ serving with a known workspace.
 ``kvbench calc --model llama-3-70b --context 12000 --batch 1 --dtype fp16 --hardware server-gpu-80g``
 prints a projection; ``kvbench calc claim`` checks the "Llama-3-70B needs ~48 GB of KV cache at
 12,000 tokens" claim (see ``docs/projection.md``).
+
+Why one module of this length: it is the formulas (architectures, KV and weight bytes, fits) and the command
+that prints them, and the command's output is the formulas' own worked record (``docs/projection.md``,
+``docs/scaling.md`` cite both together); each section — architectures, arithmetic, claim analysis, output,
+CLI — reads on its own.
 """
 
 from __future__ import annotations
