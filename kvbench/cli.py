@@ -32,7 +32,7 @@ from kvbench.config import check_overrides, conf_dir, group_options, register_co
 from kvbench.errors import KVBenchError
 
 SUBCOMMANDS = {
-    "calc": "kvbench.calc",
+    "calc": "kvbench.calc_cli",
     "calibrate": "kvbench.calibrate",
     "hardware": "kvbench.hardware_probe",
     "leaderboard": "kvbench.leaderboard",
