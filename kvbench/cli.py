@@ -1,7 +1,10 @@
-"""Command line: ``python -m kvbench [hydra overrides]`` runs a benchmark; ``kvbench calc|hardware|leaderboard|
-lmeval|plan|sweep ...`` dispatch to their own tools. Bad input ends with one line on stderr and exit status 2, never a
-traceback, and nothing written: every job of a (multi)run is composed and checked before the first one starts,
-its samples built with the model's tokenizer against the task's minimum and the model's window.
+"""Command line: ``python -m kvbench [hydra overrides]`` runs a benchmark; ``kvbench calc|calibrate|hardware|
+leaderboard|lmeval|plan|sweep ...`` dispatch to their own tools. Bad input ends with one line on stderr and exit
+status 2, never a traceback, and nothing written. Before the first job starts, every job of a (multi)run is
+composed and checked as far as it can be without the model's weights (:func:`kvbench.config.check_overrides`):
+group choices and keys, engine settings, each strategy built from its parameters, and — when the model's
+tokenizer loads — its samples against the task's minimum and the model's window. What only the run itself can
+find (weights that fail to load, an error while measuring) fails that job alone.
 
 A multirun behaves like Hydra's: each job directory (``<sweep dir>/<n>/``) holds ``.hydra/{config,hydra,
 overrides}.yaml`` and, once the job ran, ``run`` (a symlink) and ``run_dir.txt`` naming its run directory under
@@ -29,9 +32,9 @@ from kvbench.config import check_overrides, conf_dir, group_options, register_co
 from kvbench.errors import KVBenchError
 
 SUBCOMMANDS = {
-    "calc": "kvbench.calc",
+    "calc": "kvbench.calc_cli",
     "calibrate": "kvbench.calibrate",
-    "hardware": "kvbench.hardware",
+    "hardware": "kvbench.hardware_probe",
     "leaderboard": "kvbench.leaderboard",
     "lmeval": "kvbench.lmeval",
     "plan": "kvbench.plan",

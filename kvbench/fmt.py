@@ -1,4 +1,5 @@
-"""Text formatting shared by every report: escaping per output format and NaN-aware number formatting.
+"""Text formatting shared by every report: escaping per output format and NaN-aware number formatting
+(a missing figure never prints as ``nan``; an interval always reads ``estimate [low, high]``).
 
 Names in the result store (strategy labels, families, tasks, models) come from configs, plugins and
 imported results, so a report must treat them as data, never as markup. GitHub-flavoured Markdown renders
@@ -115,6 +116,17 @@ class Html:
 
 
 # ------------------------------------------------------------------------------------------- numbers
+# Every report formats its figures through these, so a missing figure never prints as "nan" and an interval
+# reads the same everywhere: ``estimate [low, high]``.
+
+#: Shown for a missing figure where the output is plain ASCII text (the end-of-run console table, the
+#: scripts' Markdown reports).
+MISSING_ASCII = "-"
+
+
+def number(value: Any, spec: str, missing: str = MISSING) -> str:
+    """``format(value, spec)``; ``missing`` for a missing figure (None, NaN)."""
+    return missing if is_missing(value) else format(value, spec)
 
 
 def pp(value: Any, digits: int = 1) -> str:
@@ -127,6 +139,15 @@ def pct(value: Any, digits: int = 1) -> str:
     return MISSING if is_missing(value) else f"{100 * float(value):.{digits}f}%"
 
 
+def interval(estimate: Any, low: Any, high: Any, spec: str = "+.1f", *, unit: str = "", label: str = "",
+             missing: str = MISSING) -> str:
+    """``estimate[ unit] [label low, high]``, every figure formatted with ``spec`` and a missing one shown as
+    ``missing``: ``-25.0 [-50.0, +0.0]``, or with ``unit=" pp", label="95% CI "``
+    ``-0.5 pp [95% CI -1.5, +0.5]``."""
+    e, lo, hi = (number(v, spec, missing) for v in (estimate, low, high))
+    return f"{e}{unit} [{label}{lo}, {hi}]"
+
+
 def delta_interval(delta: Any, low: Any, high: Any, digits: int = 1) -> str:
     """``Δ [low, high]``: ``-7.7 [-23.9, +6.8]``; ``–`` without a point estimate, and the interval left out
     when either bound is missing (a bound is never printed as a number we did not compute)."""
@@ -134,7 +155,7 @@ def delta_interval(delta: Any, low: Any, high: Any, digits: int = 1) -> str:
         return MISSING
     if is_missing(low) or is_missing(high):
         return pp(delta, digits)
-    return f"{pp(delta, digits)} [{pp(low, digits)}, {pp(high, digits)}]"
+    return interval(delta, low, high, f"+.{digits}f")
 
 
 def is_finite(value: Any) -> bool:

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from kvbench import stats
+from kvbench import fmt, stats
 from kvbench.spec import binary_metric
 from kvbench.stats import CI_LEVEL, POWER
 
@@ -135,12 +135,10 @@ class Comparison:
 
     def interval_text(self) -> str:
         unit = f" {self.unit}" if self.unit else ""
-
-        def f(v: float) -> str:
-            return "–" if math.isnan(v) else f"{v:+.1f}" if self.unit == "pp" else f"{v:+.3g}"
+        spec = "+.1f" if self.unit == "pp" else "+.3g"
         if math.isnan(self.low):
-            return f"{f(self.estimate)}{unit} (no interval: {self.method})"
-        return f"{f(self.estimate)}{unit} [95% CI {f(self.low)}, {f(self.high)}]"
+            return f"{fmt.number(self.estimate, spec)}{unit} (no interval: {self.method})"
+        return fmt.interval(self.estimate, self.low, self.high, spec, unit=unit, label="95% CI ")
 
     def text(self) -> str:
         """```a` − `b` = +2.0 pp [95% CI …] (newcombe-rao-scott, design effect 1.4 from …; n = …)``."""
@@ -277,7 +275,7 @@ class NonInferiority:
 
 
 def _p(v: float) -> str:
-    return "–" if math.isnan(v) else f"{v:.2g}"
+    return fmt.number(v, ".2g")
 
 
 def noninferiority(comparisons: Sequence[Comparison], margin: float = MARGIN_PP,

@@ -17,6 +17,10 @@ column, or paired records as :func:`kvbench.selection.paired_records` returns th
 ``kvbench leaderboard --plots``. Figures are built on :class:`matplotlib.figure.Figure` with an explicit
 Agg canvas instead of pyplot, so importing this module never changes the global backend (a notebook keeps
 its inline display) and no figure is left registered in pyplot's global state.
+
+Why one module of this length: the five figures share the palettes, the figure and saving helpers, the label
+placement and the setting/scope handling at the top, and each figure is one section that reads on its own; split
+apart, every section would import the same private helpers back.
 """
 
 from __future__ import annotations
@@ -32,11 +36,9 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from kvbench.claims import OFFLOADING_FAMILIES, OVERALL
 from kvbench.errors import KVBenchError
 from kvbench.labels import shorten
-from kvbench.report import BASELINE
-from kvbench.selection import QUERY_AWARE, SETTINGS
+from kvbench.vocab import BASELINE, OFFLOADING_FAMILIES, OVERALL, QUERY_AWARE, SETTINGS, in_setting, ordered_settings
 
 FAMILY_MARKERS = {"baseline": "*", "quantization": "o", "eviction": "v", "tiered": "s", "recompute": "D",
                   "composite": "P", "reference": "X"}
@@ -84,12 +86,7 @@ def _settings(frame: pd.DataFrame) -> list[str | None]:
     """The query settings in ``frame``, query-aware first; ``[None]`` when it has no setting column."""
     if "setting" not in frame.columns:
         return [None]
-    have = set(frame["setting"].dropna().astype(str))
-    return [s for s in SETTINGS if s in have] + sorted(have - set(SETTINGS)) or [None]
-
-
-def _in_setting(frame: pd.DataFrame, setting: str | None) -> pd.DataFrame:
-    return frame if setting is None else frame[frame["setting"] == setting]
+    return ordered_settings(frame["setting"]) or [None]
 
 
 def _offloading(family: Any) -> bool:
@@ -303,7 +300,7 @@ def pareto_figure(summary: pd.DataFrame, scopes: Sequence[str] | None = None,
     for k, (scope, setting) in enumerate(panels):
         r, c = divmod(k, cols_n)
         ax, off = axes[r, 2 * c], axes[r, 2 * c + 1]
-        sub = _in_setting(summary, setting)
+        sub = in_setting(summary, setting)
         sub = sub[sub["task"] == scope].sort_values("strategy", kind="mergesort")
         sub = sub.dropna(subset=["memory_reduction", "delta_pp"])
         families |= set(sub["family"].astype(str))
@@ -373,7 +370,7 @@ def latency_figure(records: pd.DataFrame, tasks: Sequence[str] | None = None) ->
     height = 0.75 / len(settings)
     for ax, (col, scale, title) in zip(axes, panels, strict=True):
         for k, setting in enumerate(settings):
-            sub = _in_setting(df, setting)
+            sub = in_setting(df, setting)
             data = [scale * sub.loc[sub["strategy"] == s, col].dropna().to_numpy(dtype=float) for s in labels]
             pos = np.arange(len(labels)) + (k - (len(settings) - 1) / 2) * height
             keep = [i for i, d in enumerate(data) if d.size]
@@ -584,7 +581,7 @@ def needle_figure(records: pd.DataFrame, strategies: Sequence[str] | str, task: 
         return None
     every = pd.concat([t for t in tables.values() if not t.empty])
     depths = sorted(every["depth"].unique())
-    settings = [s for s in SETTINGS if s in set(every["setting"])] + sorted(set(every["setting"]) - set(SETTINGS))
+    settings = ordered_settings(every["setting"])
     # Columns per setting: a query-aware prefix holds the question too, so its lengths differ a little.
     bins = {st: _length_bins(every.loc[every["setting"] == st, "length"].tolist()) for st in settings}
     ncols = max(len(set(b.values())) for b in bins.values())
@@ -657,7 +654,7 @@ def needle_map_figure(records: pd.DataFrame, strategies: Sequence[str] | str, ta
     every = pd.concat([tables[s] for s in names])
     depths = sorted(every["depth"].unique())
     lengths = sorted(every["length"].unique())
-    settings = [s for s in SETTINGS if s in set(every["setting"])] + sorted(set(every["setting"]) - set(SETTINGS))
+    settings = ordered_settings(every["setting"])
     fig = new_figure(1.4 + len(names) * (1.0 + 0.75 * len(lengths)), 1.0 + len(settings) * (0.9 + 0.42 * len(depths)))
     axes = fig.subplots(len(settings), len(names), squeeze=False, sharey=True)
     cmap = matplotlib.colormaps["RdBu"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import numpy as np
@@ -11,28 +10,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kvbench import fmt
 from kvbench.record import AGGREGATED, PAIRED, Metric
 from kvbench.results import printable
 from kvbench.spec import accuracy_delta, accuracy_interval, binary_metric
+from kvbench.vocab import BASELINE, QUERY_AWARE, settings
 
 #: ``delta_method`` of the baseline's own row: the reference, with no interval.
 REFERENCE = "reference"
 
-BASELINE = "full"
-#: ``setting`` of a record: the question is in the compressed prefix (kvbench's default) or asked after
-#: compression (the field's standard setting, kvpress's).
-QUERY_AWARE, QUERY_AGNOSTIC = "query-aware", "query-agnostic"
 #: Columns of a summary row: what the row is about, the metrics registry's figures, then descriptive fields.
 SUMMARY_COLUMNS = ["task", "setting", "strategy", "family", *PAIRED, *(m.name for m in AGGREGATED),
                    "context_tokens", "spec_version", "model", "hardware"]
-
-
-def settings(records: pd.DataFrame) -> pd.Series:
-    """Each record's setting: query-aware when its ``query_aware`` is true or missing, else query-agnostic."""
-    if "query_aware" not in records:
-        return pd.Series(QUERY_AWARE, index=records.index, dtype=object)
-    aware = records["query_aware"].map(lambda v: True if pd.isna(v) else bool(v))
-    return aware.map({True: QUERY_AWARE, False: QUERY_AGNOSTIC}).astype(object)
 
 
 def summarize(records: pd.DataFrame, baseline: str = BASELINE, seed: int = 0) -> pd.DataFrame:
@@ -105,7 +94,7 @@ def _nanmedian(s: pd.Series) -> float:
 
 
 def _fmt(v: float, spec: str) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+    return fmt.number(v, spec, fmt.MISSING_ASCII)
 
 
 def shown(value: object) -> str:
@@ -136,7 +125,7 @@ def print_table(summary: pd.DataFrame, console: Console | None = None) -> None:
         table.add_column(col, justify="left" if col in ("strategy", "task") else "right",
                          overflow="fold")
     for label, r in zip(labels, summary.itertuples(), strict=True):
-        ci = f"{_fmt(r.delta_pp, '+.1f')} [{_fmt(r.delta_ci_low, '+.1f')}, {_fmt(r.delta_ci_high, '+.1f')}]"
+        ci = fmt.interval(r.delta_pp, r.delta_ci_low, r.delta_ci_high, missing=fmt.MISSING_ASCII)
         table.add_row(shown(label), shown(r.task), str(r.n), _fmt(r.accuracy, ".3f"), ci, _fmt(r.kv_mib, ".2f"),
                       _fmt(100 * r.memory_reduction, ".1f") + "%", _fmt(r.kl, ".4f"), _fmt(r.prefill_s, ".2f"),
                       _fmt(r.decode_ms_per_token, ".1f"))

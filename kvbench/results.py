@@ -16,6 +16,10 @@ Files are written with the user's umask (not ``mkstemp``'s 0600); temporary file
 one :class:`UnwritableError` line, never a traceback, and never a half-written file. Readers skip what they
 cannot parse (a non-UTF-8 or non-object line, an unreadable or non-kvbench parquet file) with one warning naming
 the file and the count, and keep every good record.
+
+Why one module of this length: the store's writer (:class:`RunStore`), its readers and the sample claims that
+let several workers append to one store share one file layout and the atomic-write helpers; kept together, the
+layout has one owner.
 """
 
 from __future__ import annotations

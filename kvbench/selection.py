@@ -20,9 +20,9 @@ from typing import Any
 
 import pandas as pd
 
-from kvbench.claims import DEPTH_KEYS, sample_depth
 from kvbench.errors import KVBenchError
 from kvbench.results import stable_hash
+from kvbench.vocab import SETTINGS, sample_depth, setting_of
 
 #: Fields that must hold a single value among the records ranked together, with the flag selecting one.
 HOMOGENEOUS: dict[str, str] = {
@@ -31,26 +31,6 @@ HOMOGENEOUS: dict[str, str] = {
     "hardware": "--hardware",
     "dtype": "--dtype",
 }
-
-#: The two query settings (spec: where the question sits relative to the compressed prefix).
-QUERY_AWARE = "query-aware"        # the question is inside the compressed prefix (kvbench's task default)
-QUERY_AGNOSTIC = "query-agnostic"  # the context is compressed first and the question asked afterwards (kvpress)
-SETTINGS = (QUERY_AWARE, QUERY_AGNOSTIC)
-SETTING_TEXT = {
-    QUERY_AWARE: "query-aware: the question is part of the compressed prefix (task.query_aware=true)",
-    QUERY_AGNOSTIC: "query-agnostic: the context is compressed before the question is asked "
-                    "(task.query_aware=false, kvpress's setting)",
-}
-
-
-def setting_of(query_aware: Any) -> str:
-    """The setting name of a record's ``query_aware`` flag (records without one count as query-aware,
-    the tasks' default)."""
-    if query_aware is None or (isinstance(query_aware, float) and math.isnan(query_aware)):
-        return QUERY_AWARE
-    if isinstance(query_aware, str):
-        return QUERY_AGNOSTIC if query_aware.strip().lower() in ("false", "0", "no") else QUERY_AWARE
-    return QUERY_AWARE if bool(query_aware) else QUERY_AGNOSTIC
 
 
 @dataclass(frozen=True)
@@ -204,6 +184,5 @@ def run_cli(command: str, parser: argparse.ArgumentParser, argv: list[str] | Non
     return 0
 
 
-__all__ = ["DEPTH_KEYS", "Filters", "HOMOGENEOUS", "QUERY_AGNOSTIC", "QUERY_AWARE", "SETTINGS", "add_filter_arguments",
-           "check_comparable", "filters_from_args", "paired_records", "run_cli", "select_records", "setting_of",
-           "with_setting"]
+__all__ = ["Filters", "HOMOGENEOUS", "add_filter_arguments", "check_comparable", "filters_from_args", "json_text",
+           "paired_records", "run_cli", "select_records", "with_setting"]

@@ -34,6 +34,10 @@ The v1.1 unpaired two-proportion sample size (Fleiss, Levin & Paik 2003, ch. 4) 
 :func:`n_to_detect` for reference only; spec v1.2's claim check uses :func:`paired_n`.
 
 Everything here is a pure, deterministic function of its arguments (bootstraps take a seed).
+
+Why one module of this length: it is the whole statistics of the measurement spec, each method with its
+reference; the clustered tests (:class:`PairedBinary`, :class:`ClusterBootstrap`) and the sample sizes build on
+the binary and design-effect sections above them, so the sections are read in order, never apart.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 import pandas as pd
 
+from kvbench import fmt as kvfmt
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_LINE = re.compile(r"^results:\s*(\S+)\s*$", re.MULTILINE)
 
@@ -109,12 +111,13 @@ def with_columns(rows: list[dict], columns: list[str]) -> pd.DataFrame:
 
 
 def fmt(v: object, spec: str) -> str:
-    return "-" if v is None or (isinstance(v, float) and v != v) else format(v, spec)
+    """``v`` formatted with ``spec``; ``-`` when missing (:func:`kvbench.fmt.number`)."""
+    return kvfmt.number(v, spec, kvfmt.MISSING_ASCII)
 
 
 def delta_ci(r: Any) -> str:
     """A row's paired accuracy delta with its CI: ``-25.0 [-50.0, +0.0]``."""
-    return f"{fmt(r.delta_pp, '+.1f')} [{fmt(r.delta_ci_low, '+.1f')}, {fmt(r.delta_ci_high, '+.1f')}]"
+    return kvfmt.interval(r.delta_pp, r.delta_ci_low, r.delta_ci_high, missing=kvfmt.MISSING_ASCII)
 
 
 def to_markdown(title: str, intro: str, table: pd.DataFrame, headers: list[str], row: Callable[[Any], str],

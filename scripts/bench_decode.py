@@ -20,7 +20,7 @@ number of steps), and reports the median milliseconds of the decode steps. The r
 alike; ``--threads`` defaults to 1 for the same reason (two threads on an oversubscribed machine mostly wait
 for each other). ``physical limit`` is
 ``(weight bytes + K/V bytes of the full cache) / memory bandwidth``: every weight and every cached byte is read
-once per step, at the copy bandwidth :func:`kvbench.hardware.measure_copy_bandwidth` measures at the start of
+once per step, at the copy bandwidth :func:`kvbench.hardware_probe.measure_copy_bandwidth` measures at the start of
 the run. The machine may be shared: ratios between rows of one run are the result; the load average at start
 and end is printed with them, and every step is also timed in CPU seconds of the process, which a busy machine
 inflates far less than wall time. Writes ``results/perf/decode.md`` and ``decode.csv`` after every (dtype,
@@ -50,7 +50,7 @@ from kvbench import attention
 from kvbench.attention import NAME
 from kvbench.config import strategy_params
 from kvbench.engine import Engine, attached, query_window_for
-from kvbench.hardware import measure_copy_bandwidth
+from kvbench.hardware_probe import measure_copy_bandwidth
 from kvbench.models import load_model
 from kvbench.results import atomic_write_text
 from kvbench.tasks.base import build_samples

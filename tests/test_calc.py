@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoConfig
 
-from kvbench import calc
+from kvbench import calc_cli
 from kvbench.calc import (
     PRESETS,
     ModelArch,
@@ -186,7 +186,7 @@ def test_model_errors_are_one_line(tmp_path):
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
-    rc = calc.main(list(argv))
+    rc = calc_cli.main(list(argv))
     out = capsys.readouterr()
     return rc, out.out, out.err
 
@@ -236,14 +236,14 @@ def test_cli_errors_exit_2_with_one_line(capsys, argv, fragment):
 
 
 def test_cli_argparse_exit_codes(capsys):
-    assert calc.main(["--help"]) == 0
-    assert calc.main(["claim", "--help"]) == 0
-    assert calc.main([]) == 2  # --model is required
-    assert calc.main(["--model", "llama-3-8b", "--dtype", "fp12"]) == 2
+    assert calc_cli.main(["--help"]) == 0
+    assert calc_cli.main(["claim", "--help"]) == 0
+    assert calc_cli.main([]) == 2  # --model is required
+    assert calc_cli.main(["--model", "llama-3-8b", "--dtype", "fp12"]) == 2
     capsys.readouterr()
 
 
 def test_python_dash_m_entry_point():
-    proc = subprocess.run([sys.executable, "-m", "kvbench.calc", "claim"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "kvbench.calc_cli", "claim"], capture_output=True, text=True,
                           timeout=60, check=False)
     assert proc.returncode == 0 and "3,932,160,000 B" in proc.stdout

@@ -7,7 +7,7 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
-from kvbench import hardware
+from kvbench import hardware_probe
 from kvbench.errors import KVBenchError
 from kvbench.hardware import (
     HardwareProfile,
@@ -17,8 +17,8 @@ from kvbench.hardware import (
     load_profile,
     modelled_recompute_seconds,
     modelled_transfer_seconds,
-    probe,
 )
+from kvbench.hardware_probe import probe
 
 BASE = {"name": "t", "device": "cpu", "dtype": "bfloat16", "memory_bytes": 1 << 30}
 
@@ -144,7 +144,7 @@ def test_cpu_host_tier_is_an_in_memory_copy_and_missing_figures_say_so():
 
 @pytest.mark.parametrize("value", [1.652e14, 2e11, 12.34, 0.5, 1e-5, 3.0])
 def test_yaml_floats_read_back_as_floats_by_pyyaml_and_omegaconf(value):
-    text = f"x: {hardware._scalar(value)}"
+    text = f"x: {hardware_probe._scalar(value)}"
     assert yaml.safe_load(text)["x"] == value
     assert OmegaConf.create(text).x == value
 
@@ -178,13 +178,13 @@ def test_probe_honours_dtype_and_name(tmp_path):
 
 def test_cli_exit_codes(tmp_path, capsys):
     out = tmp_path / "cli.yaml"
-    assert hardware.main(["probe", "--out", str(out), "--copy-mib", "1", "--disk-mib", "1",
+    assert hardware_probe.main(["probe", "--out", str(out), "--copy-mib", "1", "--disk-mib", "1",
                           "--matmul-n", "32", "--repeats", "1", "--disk-dir", str(tmp_path)]) == 0
     assert "measured by kvbench hardware probe" in capsys.readouterr().out
     assert load_profile(out).name == "cli"
-    assert hardware.main(["list"]) == 0
+    assert hardware_probe.main(["list"]) == 0
     assert "consumer-gpu-24g" in capsys.readouterr().out
-    assert hardware.main([]) == 2
-    assert hardware.main(["probe", "--copy-mib", "0"]) == 2
+    assert hardware_probe.main([]) == 2
+    assert hardware_probe.main(["probe", "--copy-mib", "0"]) == 2
     assert "must be >= 1" in capsys.readouterr().err
-    assert hardware.main(["--help"]) == 0
+    assert hardware_probe.main(["--help"]) == 0

@@ -442,13 +442,15 @@ def test_setting_filter_and_its_error(store_both, capsys, tmp_path):
 def test_paired_test_columns_are_rendered_when_the_summary_has_them(records, monkeypatch):
     # The summary's paired-test columns (discordant pairs, McNemar p, CI method) appear in the CSV for every
     # scope and next to the pooled delta in the tables; a summary without them renders as before.
-    real = leaderboard.summarize
+    from kvbench.leaderboard import table
+
+    real = table.summarize
 
     def with_tests(recs, *args, **kwargs):
         out = real(recs, *args, **kwargs)
         return out.assign(delta_method="newcombe-paired", n_only_strategy=1, n_only_baseline=3, mcnemar_p=0.62)
 
-    monkeypatch.setattr(leaderboard, "summarize", with_tests)
+    monkeypatch.setattr(table, "summarize", with_tests)
     lb = leaderboard.build(records)
     for scope in ("alpha", "beta", "all"):
         for col in leaderboard.TEST_COLUMNS:
@@ -518,7 +520,7 @@ def test_end_of_run_table_uses_short_labels_on_one_line(records, capsys):
 
 
 def test_paired_records_read_the_needle_depth_from_sample_meta():
-    from kvbench.selection import sample_depth
+    from kvbench.vocab import sample_depth
 
     assert sample_depth('{"depth": 0.25}') == 0.25
     assert sample_depth({"depths": [0.2, 0.4]}) == pytest.approx(0.3)

@@ -297,7 +297,7 @@ def _filesystem(path) -> str:
 
 def test_disk_tier_leaves_the_page_cache(tiny_model, tiny_ids, tmp_path):
     """With drop_page_cache the spill files are not resident after the build nor after a step's reads."""
-    from kvbench.hardware import _resident_fraction
+    from kvbench.hardware_probe import _resident_fraction
 
     if not hasattr(os, "posix_fadvise") or _filesystem(tmp_path) in ("", "tmpfs", "ramfs"):
         pytest.skip("page-cache eviction needs posix_fadvise on a disk-backed file system")

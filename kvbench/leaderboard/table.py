@@ -1,0 +1,355 @@
+"""The leaderboard's table: the store's records selected, paired and summarised per query setting, one row per
+(setting, strategy) with every raw figure under its CSV column name, each row's verdict against the accuracy
+margin (the claim check's judging, :mod:`kvbench.claims`), its rank, and the sort.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvbench import claims, fmt, paired
+from kvbench.errors import KVBenchError
+from kvbench.labels import shorten
+from kvbench.record import HIGHER_IS_BETTER  # sort direction per metric: larger first where True
+from kvbench.report import summarize
+from kvbench.results import RECORD_KEY, read_store, read_unpublished
+from kvbench.selection import Filters, check_comparable, json_text, paired_records, select_records
+from kvbench.vocab import BASELINE, OFFLOADING_FAMILIES, OVERALL, SETTINGS, ordered_settings
+
+#: Summary columns copied into the CSV per task (the pages show a subset).
+CSV_TASK_COLUMNS = ("n", "accuracy", "accuracy_ci_low", "accuracy_ci_high", "delta_pp", "delta_ci_low",
+                    "delta_ci_high", "relative_loss",
+                    "memory_reduction", "bytes_per_token", "kept_fraction", "prefill_s", "ttft_s",
+                    "decode_ms_per_token")
+OVERALL_COLUMNS = ("n", "delta_pp", "delta_ci_low", "delta_ci_high", "relative_loss", "memory_reduction")
+#: Summary columns of the paired test, copied into the CSV (per task and pooled) when the summary has them.
+TEST_COLUMNS = ("delta_method", "n_only_strategy", "n_only_baseline", "mcnemar_p")
+ROW_COLUMNS = ("setting", "strategy", "label", "name", "family", "params", "model", "spec_version")
+
+#: Where a row is shown: ranked strategies (bytes saved), the reference, offloading (device memory only).
+RANKED, REFERENCE, OFFLOADING = "ranked", "reference", "offloading"
+#: Columns ordering rows "best first" where *smaller* is better although the metric registry has no entry.
+RANK_COLUMNS = ("rank", "verdict_order")
+
+DEFAULT_SORT = "rank"
+
+
+# ------------------------------------------------------------------ verdicts: the one coupling to the claim check
+
+#: Verdicts of a strategy's pooled Δ against the spec's accuracy margin, best first. They are the claim
+#: check's three (kvbench.claims: holds / undetermined at this n / fails) with "undetermined" split by where
+#: the point estimate lies, which is how the claim check picks among undetermined strategies.
+WITHIN, UNDECIDED_IN, UNDECIDED_OUT, BEYOND, NOT_POOLED = (
+    "within margin", "undetermined, Δ within", "undetermined, Δ beyond", "beyond margin", "not on every task")
+VERDICT_ORDER = {WITHIN: 0, UNDECIDED_IN: 1, UNDECIDED_OUT: 2, BEYOND: 3, NOT_POOLED: 4}
+
+
+def margin_pp() -> float:
+    """The spec's accuracy margin in points (a loss under it counts as "within")."""
+    return float(claims.LOSS_PP)
+
+
+def claim_verdicts(summary: pd.DataFrame, setting: str, records: pd.DataFrame | None = None) -> dict[str, str]:
+    """Each non-baseline strategy's verdict on the pooled scope of ``setting``, as the claim check judges it.
+
+    The only place the leaderboard reads the claim check's judging (spec v1.2 §2.2–2.3): with ``records``, the
+    clustered paired interval of :func:`kvbench.paired.compare` on the records the pooled row rests on (one
+    context length, strategies measured on every task), and non-inferiority at the 1-point margin with Holm's
+    correction over the strategies ranked in this setting (:func:`kvbench.paired.noninferiority`). Without
+    records (a summary alone), the unadjusted pooled interval of the summary decides.
+    """
+    rows = summary[(summary["setting"] == setting) & (summary["task"] == OVERALL)
+                   & (summary["strategy"] != BASELINE)]
+    judged = {s: v.verdict for s, v in _judged(rows, setting, records).items()} \
+        if records is not None and not records.empty else {}
+    out = {}
+    for row in rows.to_dict("records"):
+        pick = claims.Pick.from_row(row)
+        if math.isnan(pick.delta_pp) or math.isnan(pick.ci_low) or math.isnan(pick.ci_high):
+            continue
+        verdict = judged.get(pick.strategy)
+        holds = verdict == paired.HOLDS if verdict else pick.ci_low > -margin_pp()
+        fails = verdict == paired.FAILS if verdict else pick.ci_high <= -margin_pp()
+        if holds:
+            out[pick.strategy] = WITHIN
+        elif fails:
+            out[pick.strategy] = BEYOND
+        else:
+            out[pick.strategy] = UNDECIDED_IN if pick.within_pp(margin_pp()) else UNDECIDED_OUT
+    return out
+
+
+def _judged(rows: pd.DataFrame, setting: str, records: pd.DataFrame) -> dict[str, paired.NonInferiority]:
+    """paired.noninferiority verdicts (with the clustered comparison each rests on) of ``rows``' strategies
+    against ``full`` on the pooled records."""
+    part = records[records["setting"] == setting] if "setting" in records else records
+    if "context_tokens" in part and part["context_tokens"].notna().any():
+        per_length = part.groupby("context_tokens")["task"].nunique()
+        part = part[part["context_tokens"] == max(per_length.index, key=lambda t: (per_length[t], t))]
+    ranked = [s for s, f in zip(rows["strategy"], rows["family"], strict=True) if not _offloading(f)]
+    comparisons = [c for c in (paired.compare(part, s, BASELINE) for s in ranked) if c is not None]
+    return {v.comparison.a: v for v in paired.noninferiority(comparisons)}
+
+
+def _offloading(family: Any) -> bool:
+    return str(family) in OFFLOADING_FAMILIES
+
+
+def _section(strategy: str, family: Any) -> str:
+    if strategy == BASELINE:
+        return REFERENCE
+    return OFFLOADING if _offloading(family) else RANKED
+
+
+def _document_ids(records: pd.DataFrame) -> pd.Series:
+    """The document each record's context is drawn from, task-qualified: ``document_id`` when recorded,
+    else the first of ``sample_meta["source_docs"]``, else the sample id (one document per sample)."""
+    def one(row: Mapping[str, Any]) -> str:
+        doc = row.get("document_id")
+        if fmt.is_missing(doc) or doc == "":
+            meta = row.get("sample_meta")
+            if isinstance(meta, str):
+                try:
+                    meta = json.loads(meta)
+                except ValueError:
+                    meta = None
+            docs = meta.get("source_docs") if isinstance(meta, dict) else None
+            doc = docs[0] if isinstance(docs, list) and docs else str(row.get("sample_id")).split("#", 1)[0]
+        return f"{row.get('task')}/{doc}"
+
+    if records.empty:
+        return pd.Series([], dtype=str)
+    return pd.Series([one(r) for r in records.to_dict("records")], index=records.index)
+
+
+def _add_verdicts(table: pd.DataFrame, summary: pd.DataFrame, records: pd.DataFrame) -> pd.DataFrame:
+    """Section, verdict, documents and rank columns: rank 1 is the most memory saved among the best verdict.
+
+    Rows equal on everything the order looks at (verdict, memory saved as shown, Δ and its interval —
+    e.g. identical score vectors at one memory level) share a rank, shown as a tie, instead of being
+    ranked by name.
+    """
+    table = table.copy()
+    table["section"] = [_section(s, f) for s, f in zip(table["strategy"], table["family"], strict=True)]
+    docs = _document_ids(records)
+    ndocs = (records.assign(_doc=docs).groupby(["setting", "strategy"])["_doc"].nunique()
+             if not records.empty else pd.Series(dtype=int))
+    table[f"{OVERALL}.documents"] = [ndocs.get((st, s), float("nan")) for st, s in
+                                     zip(table["setting"], table["strategy"], strict=True)]
+    verdicts = {st: claim_verdicts(summary, st, records) for st in set(table["setting"])}
+    # The interval each verdict rests on (clustered, spec v1.2 §2.2) is the one the answer table shows.
+    judged = {st: _judged(summary[(summary["setting"] == st) & (summary["task"] == OVERALL)
+                                  & (summary["strategy"] != BASELINE)], st, records)
+              for st in set(table["setting"])} if not records.empty else {}
+    for col, get in (("verdict_delta_pp", lambda c: c.estimate), ("verdict_ci_low", lambda c: c.low),
+                     ("verdict_ci_high", lambda c: c.high), ("verdict_method", lambda c: c.method),
+                     ("contexts", lambda c: c.n_contexts), ("clusters", lambda c: c.n_documents)):
+        table[f"{OVERALL}.{col}"] = [
+            get(judged[st][s].comparison) if s in judged.get(st, {}) else float("nan")
+            for st, s in zip(table["setting"], table["strategy"], strict=True)]
+    table[f"{OVERALL}.verdict"] = [
+        "" if sec == REFERENCE else verdicts[st].get(s, NOT_POOLED)
+        for st, s, sec in zip(table["setting"], table["strategy"], table["section"], strict=True)]
+    table["verdict_order"] = [VERDICT_ORDER.get(v, float("nan")) for v in table[f"{OVERALL}.verdict"]]
+    table["rank"] = float("nan")
+    table["tie"] = False
+    for setting in set(table["setting"]):
+        part = table[(table["setting"] == setting) & (table["section"] == RANKED)
+                     & (table[f"{OVERALL}.verdict"] != NOT_POOLED)]
+        keys = {i: (row["verdict_order"], -round(float(row[f"{OVERALL}.memory_reduction"]), 3),
+                    *(-shown_interval(row, OVERALL)[k] for k in range(3))) for i, row in part.iterrows()}
+        order = sorted(keys, key=lambda i: (keys[i], table.at[i, "strategy"]))
+        for i in order:
+            first = next(j for j in order if keys[j] == keys[i])  # competition ranking: ties share a rank
+            table.at[i, "rank"] = order.index(first) + 1
+            table.at[i, "tie"] = sum(keys[j] == keys[i] for j in order) > 1
+    return table
+
+
+def overall_summary(records: pd.DataFrame, tasks: Sequence[str]) -> pd.DataFrame:
+    """Per-strategy figures pooled over ``tasks`` (task column :data:`OVERALL`), paired per sample.
+
+    Only strategies measured on every task are pooled: a strategy seen on the easy task alone would
+    otherwise look better than one measured everywhere. Only one context length is pooled (spec v1.2 §2.3):
+    the one most tasks were measured at (the longest on a tie); tasks at other lengths keep their own columns.
+    """
+    if "context_tokens" in records and records["context_tokens"].notna().any():
+        per_length = records.groupby("context_tokens")["task"].nunique()
+        records = records[records["context_tokens"] == max(per_length.index, key=lambda t: (per_length[t], t))]
+        tasks = [t for t in tasks if t in set(records["task"])]
+    have = records.groupby("strategy")["task"].agg(lambda s: set(s))
+    complete = [s for s, seen in have.items() if set(tasks) <= seen]
+    pooled = records[records["strategy"].isin(complete)].copy()
+    if pooled.empty or BASELINE not in complete:
+        return pd.DataFrame(columns=summarize(pd.DataFrame()).columns)
+    pooled["sample_id"] = pooled["task"].astype(str) + "/" + pooled["sample_id"].astype(str)
+    pooled["task"] = OVERALL
+    return summarize(pooled)
+
+
+# ------------------------------------------------------------------------------------------- the table
+
+
+@dataclass
+class Leaderboard:
+    """Everything the renderers need; ``table`` holds raw values under the CSV column names."""
+
+    table: pd.DataFrame  # one row per (setting, strategy)
+    summary: pd.DataFrame  # per (setting, task, strategy) rows plus the OVERALL rows, with a setting column
+    records: pd.DataFrame  # the paired records the summary was computed from (setting and depth columns)
+    tasks: list[str]
+    meta: dict[str, str] = field(default_factory=dict)
+    sort: str = DEFAULT_SORT
+    reverse: bool = False
+
+    @property
+    def settings(self) -> list[str]:
+        """The query settings present, query-aware first."""
+        return ordered_settings(self.table["setting"]) if "setting" in self.table else []
+
+
+def _params_text(value: Any) -> str:
+    text = json_text(value)
+    try:
+        params = json.loads(text)
+    except (TypeError, ValueError):
+        return text
+    if not isinstance(params, dict):
+        return text
+    return ", ".join(f"{k}={params[k]}" for k in sorted(params))
+
+
+def _summaries(paired: pd.DataFrame, tasks: list[str]) -> pd.DataFrame:
+    """Per-task and pooled summaries, computed apart per query setting (the two settings never pair)."""
+    parts = []
+    for setting in [s for s in SETTINGS if s in set(paired["setting"])]:
+        recs = paired[paired["setting"] == setting]
+        if BASELINE not in set(recs["strategy"]):
+            raise KVBenchError(f"no {BASELINE!r} baseline records in the {setting} setting; every run records "
+                               "it, so the store is incomplete — rerun a benchmark")
+        per_task = summarize(recs)
+        overall = overall_summary(recs, tasks)
+        both = pd.concat([per_task, overall], ignore_index=True) if not overall.empty else per_task
+        # Keep the summary's own setting column when it provides one (it groups by setting itself).
+        parts.append(both if "setting" in both.columns else both.assign(setting=setting))
+    return pd.concat(parts, ignore_index=True)
+
+
+def read_records(results_dir: str | Path) -> pd.DataFrame:
+    """The store plus the finished samples of runs not published to it yet (stopped or still running), those
+    marked ``partial``: an interrupted run is visible without a separate publishing step."""
+    store = read_store(results_dir)
+    unpublished = read_unpublished(results_dir)
+    if unpublished.empty:
+        return store
+    both = pd.concat([store.assign(partial=False), unpublished], ignore_index=True) if not store.empty \
+        else unpublished
+    return both.drop_duplicates(subset=RECORD_KEY, keep="last").reset_index(drop=True)
+
+
+def build(records: pd.DataFrame, filters: Filters | None = None, sort: str | None = None,
+          reverse: bool = False, depth_key: str | None = None) -> Leaderboard:
+    """Select, check, pair and summarise ``records`` (as :func:`kvbench.results.read_store` returns them)."""
+    filters = filters or Filters()
+    chosen = select_records(records, filters)
+    check_comparable(chosen)
+    if BASELINE not in set(chosen["strategy"]):
+        raise KVBenchError(f"no {BASELINE!r} baseline records in the selection; every run records it, so the "
+                           "store is incomplete — rerun a benchmark")
+    paired = paired_records(chosen, depth_key)
+    tasks = sorted(paired["task"].astype(str).unique())
+    if OVERALL in tasks:
+        raise KVBenchError(f"a task named {OVERALL!r} clashes with the pooled columns; filter it out with --task")
+    summary = _summaries(paired, tasks)
+    tests = [c for c in TEST_COLUMNS if c in summary.columns]
+
+    firsts = paired.drop_duplicates("strategy").set_index("strategy")
+    rows = []
+    for setting in [s for s in SETTINGS if s in set(summary["setting"])]:
+        in_setting = summary[summary["setting"] == setting]
+        for label in sorted(in_setting["strategy"].unique()):
+            first = firsts.loc[label]
+            row: dict[str, Any] = {
+                "setting": setting,
+                "strategy": label,
+                "label": shorten(label),
+                "name": first.get("strategy_name", label),
+                "family": first.get("family", ""),
+                "params": _params_text(first.get("params")),
+                "model": str(first.get("model", "")),
+                "spec_version": str(first.get("spec_version", "")),
+            }
+            for scope in [*tasks, OVERALL]:
+                hit = in_setting[(in_setting["task"] == scope) & (in_setting["strategy"] == label)]
+                cols = (OVERALL_COLUMNS if scope == OVERALL else CSV_TASK_COLUMNS) + tuple(tests)
+                for col in cols:
+                    row[f"{scope}.{col}"] = hit[col].iloc[0] if not hit.empty else float("nan")
+            rows.append(row)
+    table = _add_verdicts(pd.DataFrame(rows), summary, paired)
+    if "partial" in paired.columns:  # rows resting on records of an unfinished run say so
+        partial = paired[paired["partial"].fillna(False).astype(bool)].groupby(["setting", "strategy"]).size()
+        table["partial"] = [(st, s) in partial.index for st, s in zip(table["setting"], table["strategy"],
+                                                                       strict=True)]
+    meta = {
+        "model": ", ".join(_distinct(chosen["model"])),
+        "spec_version": ", ".join(_distinct(chosen["spec_version"])),
+        "hardware": ", ".join(_distinct(chosen["hardware"])) if "hardware" in chosen else "",
+        "dtype": ", ".join(_distinct(chosen["dtype"])) if "dtype" in chosen else "",
+        "records": str(len(paired)),
+        "partial": str(int(paired["partial"].fillna(False).astype(bool).sum())) if "partial" in paired else "0",
+        "filters": filters.describe(),
+    }
+    lb = Leaderboard(table=table, summary=summary, records=paired, tasks=tasks, meta=meta)
+    return sort_leaderboard(lb, sort or DEFAULT_SORT, reverse)
+
+
+def _distinct(values: pd.Series) -> list[str]:
+    return sorted({str(v) for v in values.dropna()})
+
+
+def sort_leaderboard(lb: Leaderboard, column: str, reverse: bool = False) -> Leaderboard:
+    """Order rows best-first by ``column`` (any CSV column) within each setting; ``reverse`` flips it.
+    Missing values go last.
+
+    "Best" is larger for accuracy, deltas and memory reduction, smaller for the rank, bytes, loss and
+    latency; text columns sort alphabetically. The default, ``rank``, is the verdict order of
+    :func:`_add_verdicts` (unranked rows — the reference, offloading — last). Ties fall back to the
+    pooled memory reduction (more first) and
+    then the strategy label: successive stable sorts, so the order never depends on input order.
+    """
+    table = lb.table
+    if column not in table.columns:
+        raise KVBenchError(f"cannot sort by {column!r}; valid columns: {', '.join(table.columns)}")
+    metric = column.rsplit(".", 1)[-1]
+    numeric = metric in HIGHER_IS_BETTER or column in RANK_COLUMNS
+    ascending = not HIGHER_IS_BETTER.get(metric, False) if numeric else True
+    if reverse:
+        ascending = not ascending
+    order = table.sort_values("strategy", kind="mergesort")
+    tiebreak = f"{OVERALL}.memory_reduction"
+    if tiebreak in order.columns and tiebreak != column:
+        order = order.sort_values(tiebreak, ascending=False, kind="mergesort", na_position="last")
+    key = (lambda s: pd.to_numeric(s, errors="coerce")) if numeric else (lambda s: s.astype(str))
+    order = order.sort_values(column, ascending=ascending, kind="mergesort", na_position="last", key=key)
+    if "setting" in order.columns:
+        rank = {s: i for i, s in enumerate(SETTINGS)}
+        order = order.sort_values("setting", kind="mergesort",
+                                  key=lambda s: s.map(lambda v: rank.get(v, len(rank))))
+    lb.table = order.reset_index(drop=True)
+    lb.sort, lb.reverse = column, reverse
+    return lb
+
+
+def shown_interval(row: Mapping[str, Any], scope: str) -> tuple[float, float, float]:
+    """Δ and interval shown for ``scope``: the pooled verdict's clustered interval where one was computed
+    (spec v1.2 §2.2), else the summary's per-question one (per-task columns: exploratory)."""
+    if scope == OVERALL and not fmt.is_missing(row.get(f"{scope}.verdict_ci_low", float("nan"))):
+        return row[f"{scope}.verdict_delta_pp"], row[f"{scope}.verdict_ci_low"], row[f"{scope}.verdict_ci_high"]
+    return row[f"{scope}.delta_pp"], row[f"{scope}.delta_ci_low"], row[f"{scope}.delta_ci_high"]
