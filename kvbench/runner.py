@@ -14,8 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvbench import SPEC_VERSION
 from kvbench.baselines import BaselineKey
-from kvbench.engine import Engine, check_lengths, run_samples
+from kvbench.engine import Engine, check_lengths
 from kvbench.errors import KVBenchError
+from kvbench.loop import run_samples
 from kvbench.models import load_model
 from kvbench.report import print_table, summarize
 from kvbench.results import ActiveWorker, RunStore, SampleClaims, environment, slug, stable_hash, warn

@@ -13,7 +13,7 @@ For S strategies on the same samples it times, in one run and in turn within eac
 * ``reprefill_batched`` / ``batched`` — the same two at ``--batch-size`` (``engine.batch_size``): one
   prefill per batch of samples, every strategy's caches for the batch built and decoded together.
 
-``shared`` and ``batched`` run :func:`kvbench.engine.run_samples`; the re-prefill modes call the same
+``shared`` and ``batched`` run :func:`kvbench.loop.run_samples`; the re-prefill modes call the same
 ``Engine.evaluate_batch`` after a prefill of their own, so every mode does the same work per evaluation.
 Writes ``results/perf/harness.md`` and ``.csv`` files with medians and min/max over repeats: the
 shared-prefill speed-up (target >= 0.8 S), sample x strategy evaluations per hour at batch 1 and batched
@@ -44,7 +44,8 @@ import torch
 from omegaconf import OmegaConf
 
 import strategies as registry
-from kvbench.engine import Engine, batches, query_window_for, run_samples
+from kvbench.engine import Engine, query_window_for
+from kvbench.loop import batches, run_samples
 from kvbench.models import load_model
 from kvbench.results import atomic_write_text
 from kvbench.tasks.base import build_samples

@@ -3,7 +3,7 @@
     python scripts/bench_questions.py                       # legal, 4,096 tokens, full + int8/fp8/bfp, K = 8
     python scripts/bench_questions.py --context 1024 --questions 4 --single 2   # a quick check
 
-In one run, on the same task, model and strategies, it times :func:`kvbench.engine.run_samples` in turn for:
+In one run, on the same task, model and strategies, it times :func:`kvbench.loop.run_samples` in turn for:
 
 * ``single`` — the v1.1 path: ``task.questions_per_context=1`` and no early stop (decoding runs to
   ``max_new_tokens`` or EOS), one prefill and one compression per question;
@@ -28,7 +28,8 @@ import torch
 from omegaconf import OmegaConf
 
 import strategies as registry
-from kvbench.engine import Engine, run_samples
+from kvbench.engine import Engine
+from kvbench.loop import run_samples
 from kvbench.models import load_model
 from kvbench.results import atomic_write_text
 from kvbench.tasks.base import build_samples

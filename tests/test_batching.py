@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import strategies
-from kvbench.engine import Engine, batches, query_window_for, run_samples
+from kvbench.engine import Engine, query_window_for
 from kvbench.errors import KVBenchError
+from kvbench.loop import batches, run_samples
 from kvbench.models import ByteTokenizer, LoadedModel
 from kvbench.tasks.base import Sample
 

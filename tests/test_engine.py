@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import strategies
-from kvbench.engine import Engine, query_window_for, run_samples
+from kvbench.engine import Engine, query_window_for
+from kvbench.loop import run_samples
 from kvbench.models import ByteTokenizer, LoadedModel
 from kvbench.record import FIELDS, MEASURED_FIELDS, Record
 from kvbench.results import RunStore

@@ -20,8 +20,9 @@ import yaml
 
 import strategies
 from kvbench.config import strategy_params
-from kvbench.engine import Engine, run_samples
+from kvbench.engine import Engine
 from kvbench.hardware import HardwareProfile
+from kvbench.loop import run_samples
 from kvbench.models import ByteTokenizer, LoadedModel, tiny_llama
 from kvbench.tasks.base import Sample
 

@@ -10,7 +10,8 @@ import torch
 
 import strategies
 from kvbench.cache import KVBenchCache
-from kvbench.engine import Engine, attached, can_clone, clone_cache, query_window_for, run_samples
+from kvbench.engine import Engine, attached, can_clone, clone_cache, query_window_for
+from kvbench.loop import run_samples
 from kvbench.models import ByteTokenizer, LoadedModel
 from kvbench.tasks.base import Sample
 
