@@ -630,3 +630,11 @@ def test_an_interrupted_runs_finished_samples_are_shown_marked_partial(store_dir
     atomic_write_parquet(run[run["sample_id"].isin(done)], stopped)
     lb = leaderboard.build(leaderboard.read_records(results))
     assert "partial" not in lb.table.columns or not lb.table["partial"].any()
+
+
+def test_claim_check_quotes_the_command_that_measured_the_store(store_dir, tmp_path):
+    cmd = "ROUNDS=3 scripts/reproduce_headline.sh"
+    assert leaderboard.main(["--results-dir", str(store_dir), "--out-dir", str(tmp_path), "--measured-by", cmd]) == 0
+    assert f"Measured by: {cmd}" in (tmp_path / "claim_check.md").read_text()
+    assert leaderboard.main(["--results-dir", str(store_dir), "--out-dir", str(tmp_path)]) == 0
+    assert "Measured by" not in (tmp_path / "claim_check.md").read_text()

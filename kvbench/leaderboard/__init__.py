@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--needle-strategy", action="append", default=None,
                    help="strategy (short or full label) for the needle heatmaps, repeatable "
                         "(default: the most informative per task)")
+    p.add_argument("--measured-by", default=None,
+                   help="the command that measured the store, quoted at the top of claim_check.md")
     p.add_argument("--depth-key", default=None,
                    help=f"sample_meta key holding the needle depth (default: first of {', '.join(DEPTH_KEYS)})")
     return p
@@ -126,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _write_from_args(args: argparse.Namespace) -> list[Path]:
     out_dir = Path(args.out_dir or args.results_dir)
     lb = build(read_records(args.results_dir), filters_from_args(args), args.sort, args.reverse, args.depth_key)
+    if args.measured_by:
+        lb.meta["measured_by"] = args.measured_by
     paths = [] if args.plots_only else write(lb, out_dir)
     if args.plots or args.plots_only:
         from kvbench.plots import write_all
