@@ -57,6 +57,9 @@ LAUNCHERS = {
     "submitit_slurm": "hydra-submitit-launcher",
     "ray": "hydra-ray-launcher",
 }
+#: How to install a launcher where ``pip install <package>`` is not it: hydra-ray-launcher 1.2.2 declares
+#: ``cloudpickle<3``, joblib 1.6 needs ``>=3``, so pip cannot install both (docs/scale-out.md, "Ray").
+INSTALL = {"ray": "pip install 'ray<3' && pip install --no-deps hydra-ray-launcher"}
 SWEEP_KEYS = ("name", "description", "overrides", "axes", "blocks", "launcher", "launcher_overrides", "per_round")
 #: The engine setting a round limits (``kvbench.config``'s ``engine.max_new_samples``).
 ROUND_LIMIT = "engine.max_new_samples"
@@ -422,7 +425,8 @@ def _check_launcher(name: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec(module) is None:
-        raise KVBenchError(f"launcher {name!r} needs the Hydra plugin {package}: pip install {package}")
+        raise KVBenchError(f"launcher {name!r} needs the Hydra plugin {package}: "
+                           f"{INSTALL.get(name, f'pip install {package}')}")
 
 
 if __name__ == "__main__":

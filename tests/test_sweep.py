@@ -389,7 +389,7 @@ def test_sweep_reports_a_missing_launcher_plugin(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "hydra_plugins.hydra_ray_launcher" else real(name, *a))
     assert sweep_mod.main([str(path), "--launcher", "ray", "--dry-run"]) == 2
-    assert "pip install hydra-ray-launcher" in capsys.readouterr().err
+    assert "pip install 'ray<3' && pip install --no-deps hydra-ray-launcher" in capsys.readouterr().err
 
 
 # -------------------------------------------------------------------------- sweeps that behave like Hydra
