@@ -10,7 +10,8 @@ A sweep file has
   parameters differ between strategies: ``strategy.compression_ratio`` is swept for eviction strategies
   only, quantizers have no such parameter.
 * ``launcher`` (default ``basic``) and ``launcher_overrides`` (per launcher name: the Hydra overrides it gets,
-  e.g. ``joblib: [hydra.launcher.n_jobs=2, hardware.threads=1]``: jobs at once and each job's threads);
+  e.g. ``joblib: [hydra.launcher.n_jobs=2, hardware.threads=1]``: jobs at once and each job's threads, so part
+  of every job's overrides and, through ``hardware.threads``, of its run identity; ``--`` overrides win);
 * ``per_round`` (default 0: every job runs to its ``task.n_samples`` in one pass) — run the grid in rounds, each
   job adding at most this many samples per round (``engine.max_new_samples``, not part of a run's identity), so
   a sweep stopped between rounds leaves every job within ``per_round`` samples of the others. ``--per-round``
@@ -136,11 +137,20 @@ def load_sweep(path: str | Path, launcher: str | None = None, extra: list[str] |
     raw_blocks = data.get("blocks") or {"all": {}}
     if not isinstance(raw_blocks, dict):
         raise KVBenchError(f"{p}: blocks must map a block name to its key: sweep pairs")
+    chosen = launcher or str(data.get("launcher", "basic"))
+    if chosen not in LAUNCHERS:
+        raise KVBenchError(f"unknown launcher {chosen!r}; valid: {', '.join(LAUNCHERS)}")
+    per_launcher = data.get("launcher_overrides") or {}
+    if not isinstance(per_launcher, dict):
+        raise KVBenchError(f"{p}: launcher_overrides must map a launcher name to its overrides")
+    launcher_overrides = [str(o) for o in per_launcher.get(chosen) or []]
     blocks = []
     seen: dict[frozenset[str], str] = {}
     for name, grid in raw_blocks.items():
-        # `extra` last: a key given again replaces the file's value or sweep (`-- task=legal` runs one task)
-        overrides = fixed + axes + [f"{k}={_sweep_value(v)}" for k, v in (grid or {}).items()] + list(extra or [])
+        # The launcher's settings are part of every job (hardware.threads is part of its identity); `extra` last:
+        # a key given again replaces the file's value or sweep (`-- task=legal` runs one task).
+        overrides = (fixed + axes + [f"{k}={_sweep_value(v)}" for k, v in (grid or {}).items()]
+                     + launcher_overrides + list(extra or []))
         block = Block(str(name), overrides, expand(overrides))
         for job in block.jobs:
             key = frozenset(job)
@@ -149,17 +159,10 @@ def load_sweep(path: str | Path, launcher: str | None = None, extra: list[str] |
                                    f"{name!r}; each job must be listed once (it would run twice at once)")
             seen[key] = str(name)
         blocks.append(block)
-    chosen = launcher or str(data.get("launcher", "basic"))
-    if chosen not in LAUNCHERS:
-        raise KVBenchError(f"unknown launcher {chosen!r}; valid: {', '.join(LAUNCHERS)}")
-    per_launcher = data.get("launcher_overrides") or {}
-    if not isinstance(per_launcher, dict):
-        raise KVBenchError(f"{p}: launcher_overrides must map a launcher name to its overrides")
-    launcher_overrides = [str(o) for o in per_launcher.get(chosen) or []]
     rounds = data.get("per_round", 0) if per_round is None else per_round
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
         raise KVBenchError(f"{p}: per_round must be an integer >= 0 (got {rounds!r})")
-    if rounds and any(o.startswith(ROUND_LIMIT + "=") for b in blocks for o in b.overrides + launcher_overrides):
+    if rounds and any(o.startswith(ROUND_LIMIT + "=") for b in blocks for o in b.overrides):
         raise KVBenchError(f"{p}: {ROUND_LIMIT} is set by per_round (--per-round); do not also pass it")
     return Sweep(str(data.get("name", p.stem)), blocks, chosen, launcher_overrides, rounds)
 
@@ -283,7 +286,7 @@ def commands(sweep: Sweep, python: str = sys.executable, stamp: str | None = Non
     out = []
     for i, block in enumerate(sweep.blocks):
         launcher = [] if sweep.launcher == "basic" else [f"hydra/launcher={sweep.launcher}"]
-        out.append([python, "-m", "kvbench", "-m", *block.overrides, *limit, *launcher, *sweep.launcher_overrides,
+        out.append([python, "-m", "kvbench", "-m", *block.overrides, *limit, *launcher,
                     f"hydra.sweep.dir=${{results_dir}}/multirun/{sweep.name}/{where}/{i:02d}-{block.name}"])
     return out
 
@@ -309,8 +312,10 @@ def job_runs(results_dir: str | Path, name: str) -> list[tuple[list[str], Path |
 
 
 def parallelism(sweep: Sweep) -> int:
-    """Jobs running at once under the chosen launcher (for the wall-time estimate)."""
-    for o in sweep.launcher_overrides:
+    """Jobs running at once under the chosen launcher (for the wall-time estimate): the last setting given, the
+    file's launcher_overrides or one after ``--``."""
+    given = sweep.blocks[0].overrides if sweep.blocks else sweep.launcher_overrides
+    for o in reversed(given):
         for key in ("hydra.launcher.n_jobs", "hydra.launcher.array_parallelism"):
             if o.startswith(key + "="):
                 try:

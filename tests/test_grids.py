@@ -42,10 +42,6 @@ def _sweep_jobs(name: str, extra: list[str]) -> list[list[str]]:
     return [job for block in sweep_mod.load_sweep(name, extra=extra).blocks for job in block.jobs]
 
 
-def _non_hydra(overrides: list[str]) -> list[str]:
-    return [o for o in overrides if not o.lstrip("+").startswith("hydra.")]
-
-
 # ---------------------------------------------------------------- the grids the scripts ran before, as code
 
 
@@ -85,8 +81,12 @@ def test_leaderboard_sweep_is_the_grid_the_script_ran():
     listed = next(o for o in new[0] if o.startswith("strategies="))
     assert listed == f"strategies=[{','.join(strategies.available())}]"
     # JOBS=2 on two cores gave every run hardware.threads=1: the joblib launcher's settings, two at a time
-    sw = sweep_mod.load_sweep("leaderboard", launcher="joblib")
-    assert _non_hydra(sw.launcher_overrides) == ["hardware.threads=1"] and sweep_mod.parallelism(sw) == 2
+    sw = sweep_mod.load_sweep("leaderboard", launcher="joblib", extra=["results_dir=results"])
+    assert _normalized(sw.blocks[0].jobs) == _normalized([[*job, "hardware.threads=1"] for job in old])
+    assert sweep_mod.parallelism(sw) == 2
+    # a setting after `--` wins over the file's launcher settings
+    sw = sweep_mod.load_sweep("leaderboard", launcher="joblib", extra=["hydra.launcher.n_jobs=3", "hardware.threads=4"])
+    assert sweep_mod.parallelism(sw) == 3 and all("hardware.threads=4" in job for job in sw.blocks[0].jobs)
 
 
 def test_eviction_sweep_is_the_committed_grid(tmp_path):
