@@ -10,7 +10,12 @@ A sweep file has
   parameters differ between strategies: ``strategy.compression_ratio`` is swept for eviction strategies
   only, quantizers have no such parameter.
 * ``launcher`` (default ``basic``) and ``launcher_overrides`` (per launcher name: the Hydra overrides it gets,
-  e.g. ``joblib: [hydra.launcher.n_jobs=2]``).
+  e.g. ``joblib: [hydra.launcher.n_jobs=2, hardware.threads=1]``: jobs at once and each job's threads, so part
+  of every job's overrides and, through ``hardware.threads``, of its run identity; ``--`` overrides win);
+* ``per_round`` (default 0: every job runs to its ``task.n_samples`` in one pass) — run the grid in rounds, each
+  job adding at most this many samples per round (``engine.max_new_samples``, not part of a run's identity), so
+  a sweep stopped between rounds leaves every job within ``per_round`` samples of the others. ``--per-round``
+  overrides it; ``--rounds N`` runs N rounds (default: enough for the largest job to finish).
 
 Values use Hydra's own sweep syntax (``a,b,c``, ``range(1,4)``, ``choice(...)``, ``glob(...)``) and are
 expanded by Hydra's own parser and :class:`BasicSweeper` logic (``glob`` against the group's options), so the
@@ -53,7 +58,12 @@ LAUNCHERS = {
     "submitit_slurm": "hydra-submitit-launcher",
     "ray": "hydra-ray-launcher",
 }
-SWEEP_KEYS = ("name", "description", "overrides", "axes", "blocks", "launcher", "launcher_overrides")
+#: How to install a launcher where ``pip install <package>`` is not it: hydra-ray-launcher 1.2.2 declares
+#: ``cloudpickle<3``, joblib 1.6 needs ``>=3``, so pip cannot install both (docs/scale-out.md, "Ray").
+INSTALL = {"ray": "pip install 'ray<3' && pip install --no-deps hydra-ray-launcher"}
+SWEEP_KEYS = ("name", "description", "overrides", "axes", "blocks", "launcher", "launcher_overrides", "per_round")
+#: The engine setting a round limits (``kvbench.config``'s ``engine.max_new_samples``).
+ROUND_LIMIT = "engine.max_new_samples"
 
 
 @dataclass
@@ -71,6 +81,7 @@ class Sweep:
     blocks: list[Block]
     launcher: str = "basic"
     launcher_overrides: list[str] = field(default_factory=list)
+    per_round: int = 0  # samples each job adds per round; 0: no rounds
 
     @property
     def n_jobs(self) -> int:
@@ -99,8 +110,10 @@ def expand(overrides: list[str]) -> list[list[str]]:
         raise KVBenchError(f"bad sweep override in {overrides}: {exc}") from None
 
 
-def load_sweep(path: str | Path, launcher: str | None = None, extra: list[str] | None = None) -> Sweep:
-    """Read a sweep file and expand every block into its jobs; duplicate jobs are an error."""
+def load_sweep(path: str | Path, launcher: str | None = None, extra: list[str] | None = None,
+               per_round: int | None = None) -> Sweep:
+    """Read a sweep file and expand every block into its jobs; duplicate jobs are an error. ``per_round``
+    (``--per-round``) replaces the file's."""
     p = Path(path)
     if not p.is_file():
         from kvbench.config import conf_dir
@@ -119,15 +132,25 @@ def load_sweep(path: str | Path, launcher: str | None = None, extra: list[str] |
     unknown = sorted(set(data) - set(SWEEP_KEYS))
     if unknown:
         raise KVBenchError(f"{p}: unknown key {', '.join(unknown)}; valid: {', '.join(SWEEP_KEYS)}")
-    fixed = [str(o) for o in data.get("overrides") or []] + list(extra or [])
+    fixed = [str(o) for o in data.get("overrides") or []]
     axes = [f"{k}={_sweep_value(v)}" for k, v in (data.get("axes") or {}).items()]
     raw_blocks = data.get("blocks") or {"all": {}}
     if not isinstance(raw_blocks, dict):
         raise KVBenchError(f"{p}: blocks must map a block name to its key: sweep pairs")
+    chosen = launcher or str(data.get("launcher", "basic"))
+    if chosen not in LAUNCHERS:
+        raise KVBenchError(f"unknown launcher {chosen!r}; valid: {', '.join(LAUNCHERS)}")
+    per_launcher = data.get("launcher_overrides") or {}
+    if not isinstance(per_launcher, dict):
+        raise KVBenchError(f"{p}: launcher_overrides must map a launcher name to its overrides")
+    launcher_overrides = [str(o) for o in per_launcher.get(chosen) or []]
     blocks = []
     seen: dict[frozenset[str], str] = {}
     for name, grid in raw_blocks.items():
-        overrides = fixed + axes + [f"{k}={_sweep_value(v)}" for k, v in (grid or {}).items()]
+        # The launcher's settings are part of every job (hardware.threads is part of its identity); `extra` last:
+        # a key given again replaces the file's value or sweep (`-- task=legal` runs one task).
+        overrides = (fixed + axes + [f"{k}={_sweep_value(v)}" for k, v in (grid or {}).items()]
+                     + launcher_overrides + list(extra or []))
         block = Block(str(name), overrides, expand(overrides))
         for job in block.jobs:
             key = frozenset(job)
@@ -136,14 +159,19 @@ def load_sweep(path: str | Path, launcher: str | None = None, extra: list[str] |
                                    f"{name!r}; each job must be listed once (it would run twice at once)")
             seen[key] = str(name)
         blocks.append(block)
-    chosen = launcher or str(data.get("launcher", "basic"))
-    if chosen not in LAUNCHERS:
-        raise KVBenchError(f"unknown launcher {chosen!r}; valid: {', '.join(LAUNCHERS)}")
-    per_launcher = data.get("launcher_overrides") or {}
-    if not isinstance(per_launcher, dict):
-        raise KVBenchError(f"{p}: launcher_overrides must map a launcher name to its overrides")
-    launcher_overrides = [str(o) for o in per_launcher.get(chosen) or []]
-    return Sweep(str(data.get("name", p.stem)), blocks, chosen, launcher_overrides)
+    rounds = data.get("per_round", 0) if per_round is None else per_round
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise KVBenchError(f"{p}: per_round must be an integer >= 0 (got {rounds!r})")
+    if rounds and any(o.startswith(ROUND_LIMIT + "=") for b in blocks for o in b.overrides):
+        raise KVBenchError(f"{p}: {ROUND_LIMIT} is set by per_round (--per-round); do not also pass it")
+    return Sweep(str(data.get("name", p.stem)), blocks, chosen, launcher_overrides, rounds)
+
+
+def rounds_needed(sweep: Sweep, jobs: list[JobInfo]) -> int:
+    """Rounds for the largest job to reach its ``task.n_samples`` from nothing (1 without ``per_round``)."""
+    if not sweep.per_round:
+        return 1
+    return max(1, math.ceil(max((j.n_samples for j in jobs), default=1) / sweep.per_round))
 
 
 @dataclass
@@ -245,23 +273,49 @@ def _fmt_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
-def commands(sweep: Sweep, python: str = sys.executable, stamp: str | None = None) -> list[list[str]]:
+def commands(sweep: Sweep, python: str = sys.executable, stamp: str | None = None,
+             round_no: int = 1) -> list[list[str]]:
     """One ``python -m kvbench -m ...`` command per block, with its own sweep directory under one timestamp (a
-    re-run never overwrites an earlier run's ``multirun.yaml``; finished jobs are still skipped)."""
+    re-run never overwrites an earlier run's ``multirun.yaml``; finished jobs are still skipped). With
+    ``per_round``, round ``round_no``'s: the round limit added, its directories under ``round-NN/``."""
     import time
 
     stamp = stamp or time.strftime("%Y-%m-%d_%H-%M-%S")
+    where = f"{stamp}/round-{round_no:02d}" if sweep.per_round else stamp
+    limit = [f"{ROUND_LIMIT}={sweep.per_round}"] if sweep.per_round else []
     out = []
     for i, block in enumerate(sweep.blocks):
         launcher = [] if sweep.launcher == "basic" else [f"hydra/launcher={sweep.launcher}"]
-        out.append([python, "-m", "kvbench", "-m", *block.overrides, *launcher, *sweep.launcher_overrides,
-                    f"hydra.sweep.dir=${{results_dir}}/multirun/{sweep.name}/{stamp}/{i:02d}-{block.name}"])
+        out.append([python, "-m", "kvbench", "-m", *block.overrides, *limit, *launcher,
+                    f"hydra.sweep.dir=${{results_dir}}/multirun/{sweep.name}/{where}/{i:02d}-{block.name}"])
     return out
 
 
+def job_runs(results_dir: str | Path, name: str) -> list[tuple[list[str], Path | None, str]]:
+    """The jobs of the newest run of sweep ``name`` under ``results_dir/multirun/``: per job its overrides, the
+    run directory it became (None when it failed) and, when it failed, the last line of its ``error.txt``. A
+    job run in several rounds is listed once, as its last round left it."""
+    runs = Path(results_dir) / "multirun" / name
+    stamps = sorted(p for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []
+    if not stamps:
+        raise KVBenchError(f"no run of sweep {name!r} under {runs} (run `kvbench sweep {name}` first)")
+    out: dict[tuple[str, ...], tuple[list[str], Path | None, str]] = {}
+    for job in sorted(p.parent.parent for p in stamps[-1].rglob(".hydra/overrides.yaml")):
+        overrides = [str(o) for o in yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []]
+        overrides = [o for o in overrides if not o.startswith(ROUND_LIMIT + "=")]
+        pointer, error = job / "run_dir.txt", job / "error.txt"
+        run = Path(pointer.read_text().strip()) if pointer.is_file() else None
+        reason = "" if run else ((error.read_text().strip().splitlines() or [""])[-1] if error.is_file()
+                                 else "no run_dir.txt (not finished)")
+        out[tuple(overrides)] = (overrides, run, reason)
+    return list(out.values())
+
+
 def parallelism(sweep: Sweep) -> int:
-    """Jobs running at once under the chosen launcher (for the wall-time estimate)."""
-    for o in sweep.launcher_overrides:
+    """Jobs running at once under the chosen launcher (for the wall-time estimate): the last setting given, the
+    file's launcher_overrides or one after ``--``."""
+    given = sweep.blocks[0].overrides if sweep.blocks else sweep.launcher_overrides
+    for o in reversed(given):
         for key in ("hydra.launcher.n_jobs", "hydra.launcher.array_parallelism"):
             if o.startswith(key + "="):
                 try:
@@ -277,8 +331,8 @@ def parallelism(sweep: Sweep) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvbench sweep", description="Run a named grid of benchmark jobs as Hydra multiruns.",
-        epilog="Anything after `--` is passed to every job as a Hydra override "
-               "(e.g. -- hydra.launcher.n_jobs=2 hardware.threads=1).")
+        epilog="Anything after `--` is passed to every job as a Hydra override, replacing the file's value or "
+               "sweep of the same key (e.g. -- hydra.launcher.n_jobs=2 hardware.threads=1 task=legal).")
     parser.add_argument("sweep", help="sweep YAML (e.g. conf/sweep/paper.yaml) or a name in conf/sweep/")
     parser.add_argument("--dry-run", action="store_true", help="print the job count, estimate and commands only")
     parser.add_argument("--launcher", choices=list(LAUNCHERS), default=None,
@@ -287,6 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="every job's results_dir (runs, store, multirun dirs) and the store whose timings "
                              "project the time (default: the jobs' own results_dir)")
     parser.add_argument("--list", action="store_true", help="also print every job's overrides")
+    parser.add_argument("--per-round", type=int, default=None, metavar="K",
+                        help=f"each job adds at most K samples per round ({ROUND_LIMIT}, not part of a run's "
+                             "identity; default: the sweep file's per_round; 0: no rounds)")
+    parser.add_argument("--rounds", type=int, default=None, metavar="N",
+                        help="run N rounds (needs per_round; default: enough for the largest job to finish)")
     return parser
 
 
@@ -300,14 +359,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.results_dir:  # last, so it wins over a results_dir in the sweep file
         extra.append(f"results_dir={args.results_dir}")
     try:
-        sweep = load_sweep(args.sweep, args.launcher, extra)
+        if args.per_round is not None and args.per_round < 0:
+            raise KVBenchError(f"--per-round must be >= 0 (got {args.per_round})")
+        sweep = load_sweep(args.sweep, args.launcher, extra, args.per_round)
+        if args.rounds is not None and (args.rounds < 1 or not sweep.per_round):
+            raise KVBenchError(f"--rounds must be >= 1 (got {args.rounds})" if args.rounds < 1 else
+                               "--rounds needs per_round in the sweep file or --per-round K (samples per round)")
         _check_launcher(sweep.launcher)
         jobs = describe_jobs(sweep)
     except KVBenchError as exc:
         print(f"kvbench: error: {exc}", file=sys.stderr)
         return 2
     par = parallelism(sweep)
-    print(f"sweep {sweep.name}: {sweep.n_jobs} jobs in {len(sweep.blocks)} multirun(s), launcher {sweep.launcher}")
+    n_rounds = args.rounds or rounds_needed(sweep, jobs)
+    print(f"sweep {sweep.name}: {sweep.n_jobs} jobs in {len(sweep.blocks)} multirun(s), launcher {sweep.launcher}"
+          + (f"; {n_rounds} round(s), each job adding up to {sweep.per_round} samples per round"
+             if sweep.per_round else ""))
     for block in sweep.blocks:
         print(f"  {block.name}: {len(block.jobs)} jobs")
         if args.list:
@@ -315,20 +382,27 @@ def main(argv: list[str] | None = None) -> int:
                 print("    " + " ".join(job))
     store = args.results_dir or (jobs[0].results_dir if jobs else "results")
     print(projection_text(project(jobs, store), len(jobs), par))
-    cmds = commands(sweep)
-    for cmd in cmds:
-        print("$ " + shlex.join(cmd[0:1] + cmd[1:]))
+    import time
+
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    rounds = [commands(sweep, stamp=stamp, round_no=r) for r in range(1, n_rounds + 1)]
+    for cmd in (c for cmds in rounds for c in cmds):
+        print("$ " + shlex.join(cmd))
     if args.dry_run:
         return 0
-    failed = []
-    for block, cmd in zip(sweep.blocks, cmds, strict=True):
-        rc = subprocess.run(cmd, check=False).returncode
-        if rc != 0:  # its failed jobs are listed above; the other blocks still run
-            failed.append(f"{block.name} (status {rc})")
-    if failed:
-        print(f"kvbench: error: {len(failed)} of {len(cmds)} multirun(s) had failed jobs: {', '.join(failed)}",
-              file=sys.stderr)
-        return 1
+    for r, cmds in enumerate(rounds, 1):
+        if n_rounds > 1:
+            print(f"round {r} of {n_rounds}", flush=True)
+        failed = []
+        for block, cmd in zip(sweep.blocks, cmds, strict=True):
+            rc = subprocess.run(cmd, check=False).returncode
+            if rc != 0:  # its failed jobs are listed above; the other blocks still run
+                failed.append(f"{block.name} (status {rc})")
+        if failed:  # a later round would fail the same jobs again; the finished ones are kept
+            stopped = f" (stopped after round {r} of {n_rounds})" if n_rounds > 1 else ""
+            print(f"kvbench: error: {len(failed)} of {len(cmds)} multirun(s) had failed jobs: {', '.join(failed)}"
+                  + stopped, file=sys.stderr)
+            return 1
     return 0
 
 
@@ -356,7 +430,8 @@ def _check_launcher(name: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec(module) is None:
-        raise KVBenchError(f"launcher {name!r} needs the Hydra plugin {package}: pip install {package}")
+        raise KVBenchError(f"launcher {name!r} needs the Hydra plugin {package}: "
+                           f"{INSTALL.get(name, f'pip install {package}')}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Shared by the benchmark scripts that run one ``python -m kvbench`` job at a time and tabulate the runs.
+"""Shared by the benchmark scripts that tabulate runs (and bench_quantization.py's one-job-at-a-time loop; the
+committed grids run through ``kvbench sweep`` and conf/sweep/*.yaml instead).
 
 Imported as a sibling module (``import _jobs``): running ``python scripts/<name>.py`` puts this directory on
 ``sys.path``, and tests that import a script put it there themselves.

@@ -1,23 +1,24 @@
-"""Sweep every eviction strategy (and one eviction + quantization composition) over compression ratios.
+"""The eviction ratio sweep (``conf/sweep/eviction.yaml``, run by ``kvbench sweep``) and its table.
 
-One ``python -m kvbench strategies=[...] strategies_params.compression_ratio=<r>`` job per (task, ratio), so
-every eviction strategy shares each sample's prefill and the ``full`` baseline (reused from the baseline store
-after the first job); the composition runs as its own job. Each job's ``results/runs/<run-id>/summary.csv`` is
-read back and the table — accuracy, accuracy delta against ``full`` (paired, percentage points), measured
-memory reduction, KL to ``full``, time to first token and decode latency — is written to
-``results/eviction_sweep.csv`` and ``results/eviction_sweep.md``.
+The grid — every eviction strategy at four compression ratios, one job per ratio so the strategies share each
+sample's prefill and the ``full`` baseline — is the sweep file; this script runs it (any launcher, rounds or
+overrides ``kvbench sweep`` takes) into ``results/eviction`` and tabulates the jobs of that sweep run from the
+run directory each job points to: accuracy, accuracy delta against ``full`` (paired, percentage points),
+measured memory reduction, KL to ``full``, time to first token and decode latency, written to
+``<results-dir>/eviction_sweep.csv`` and ``.md``.
 
 Usage::
 
-    python scripts/sweep_eviction.py                      # all tasks in conf/task, all strategies
-    python scripts/sweep_eviction.py --tasks legal --ratios 0.5,0.875 --extra task.n_samples=4
-    python scripts/sweep_eviction.py --dry-run            # print the commands only
+    python scripts/sweep_eviction.py                              # the committed grid, then the table
+    python scripts/sweep_eviction.py --dry-run                    # jobs and commands only
+    python scripts/sweep_eviction.py --table-only                 # the table of the last sweep run
+    python scripts/sweep_eviction.py --launcher joblib -- task=papers task.n_samples=20
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,55 +26,24 @@ import _jobs
 import pandas as pd
 from _jobs import ROOT, fmt
 
-RATIOS = (0.25, 0.5, 0.75, 0.875)
-#: The order of the committed sweep, kept so its job commands (and so its run ids) stay the same.
-_SWEPT_ORDER = ("streaming_llm", "h2o", "snapkv", "pyramidkv", "tova", "knorm", "random")
-
-
-def eviction_strategies() -> tuple[str, ...]:
-    """Every registered eviction strategy (plugins included), the committed sweep's in its order, new ones after."""
-    import strategies
-
-    names = strategies.family_names("eviction")
-    return tuple(sorted(names, key=lambda n: (_SWEPT_ORDER.index(n) if n in _SWEPT_ORDER else len(_SWEPT_ORDER), n)))
-
-
-STRATEGIES = eviction_strategies()
-#: The composition swept alongside: SnapKV eviction, then int8 storage of the kept tokens.
-COMPOSE = ("compose", "snapkv", "int8")
+SWEEP = "eviction"
 COLUMNS = ["task", "strategy", "ratio", "label", "n", "accuracy", "baseline_accuracy", "delta_pp",
            "delta_ci_low", "delta_ci_high", "memory_reduction", "kept_fraction", "kl", "top1_agreement",
            "ttft_s", "decode_ms_per_token"]
+#: Where a job's overrides set the compression ratio: every listed strategy's, or a composition's evictor.
+RATIO_KEYS = ("strategies_params.compression_ratio", "strategy.evict_params.compression_ratio",
+              "strategy.compression_ratio")
 
 
-@dataclass
-class Job:
-    task: str
-    strategy: str
-    ratio: float
-    overrides: list[str] = field(default_factory=list)
-
-    def command(self, python: str, extra: list[str]) -> list[str]:
-        return _jobs.kvbench_command(python, self.task, self.overrides, extra)
-
-
-def jobs(tasks: list[str], names: list[str], ratios: list[float], compose: bool) -> list[Job]:
-    """One job per (task, ratio) running every eviction strategy on the same prefills, plus the compose job."""
-    out = []
-    for task in tasks:
-        for ratio in ratios:
-            out.append(Job(task, "*", ratio, [f"strategies=[{','.join(names)}]",
-                                              f"strategies_params.compression_ratio={ratio}"]))
-            if compose:
-                kind, evict, quant = COMPOSE
-                out.append(Job(task, f"{kind}:{evict}+{quant}", ratio, [
-                    f"strategy={kind}", f"strategy.evict={evict}", f"strategy.quantize={quant}",
-                    f"strategy.evict_params.compression_ratio={ratio}"]))
-    return out
-
-
-def default_tasks() -> list[str]:
-    return sorted(p.stem for p in (ROOT / "conf" / "task").glob("*.yaml"))
+def job_strategy_and_ratio(overrides: list[str]) -> tuple[str, float]:
+    """The table's strategy (``*``: the run's own labels; ``compose:<evict>+<quantize>`` for a composition)
+    and ratio of one sweep job, from its overrides."""
+    values = dict(o.split("=", 1) for o in overrides if "=" in o)
+    ratio = next((float(values[k]) for k in RATIO_KEYS if k in values), float("nan"))
+    name = values.get("strategy", "*") if "strategies" not in values else "*"
+    if name == "compose":
+        name = f"compose:{values.get('strategy.evict')}+{values.get('strategy.quantize')}"
+    return name, ratio
 
 
 def rows_from_run(run_dir: Path, strategy: str, ratio: float) -> list[dict]:
@@ -110,29 +80,37 @@ def to_markdown(table: pd.DataFrame, failed: list[str] | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tasks", default=None, help="comma-separated task names (default: every conf/task/*.yaml)")
-    ap.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated eviction strategies")
-    ap.add_argument("--ratios", default=",".join(map(str, RATIOS)), help="comma-separated compression ratios")
-    ap.add_argument("--no-compose", action="store_true", help=f"skip the {COMPOSE[1]} + {COMPOSE[2]} rows")
-    _jobs.add_common_args(ap)
-    args = ap.parse_args(argv)
-
-    tasks = _jobs.task_list(args.tasks, default_tasks)
-    if not tasks:
-        return 2
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="Other arguments go to `kvbench sweep` (--dry-run, --launcher, --rounds, "
+                                        "-- overrides).")
+    ap.add_argument("--results-dir", default="results/eviction", help="every job's results_dir and the table's")
+    ap.add_argument("--table-only", action="store_true", help="only tabulate the last run of the sweep")
+    args, sweep_args = ap.parse_known_args(argv)
     results_dir = _jobs.resolve_results_dir(args.results_dir)
-    extra = [*args.extra, f"results_dir={results_dir}"]
-    todo = jobs(tasks, [s for s in args.strategies.split(",") if s],
-                [float(r) for r in args.ratios.split(",")], not args.no_compose)
-    rows, failures = _jobs.run_jobs(todo, args.python, extra, results_dir, args.dry_run,
-                                    lambda job, run_dir: rows_from_run(run_dir, job.strategy, job.ratio))
-    if args.dry_run:
-        return 0
-    failed = [f"{shown}: {reason}" for shown, reason in failures]
+    if not args.table_only:
+        from kvbench import sweep
+
+        rc = sweep.main([SWEEP, "--results-dir", str(results_dir), *sweep_args])
+        if rc == 2 or "--dry-run" in sweep_args:
+            return rc
+    from kvbench.errors import KVBenchError
+    from kvbench.sweep import job_runs
+
+    try:
+        jobs = job_runs(results_dir, SWEEP)
+    except KVBenchError as exc:
+        print(f"sweep_eviction.py: error: {exc}", file=sys.stderr)
+        return 2
+    rows, failed = [], []
+    for overrides, run_dir, reason in jobs:
+        if run_dir is None or not (run_dir / "summary.csv").is_file():
+            failed.append(f"{' '.join(overrides)}: {reason or 'no summary.csv'}")
+            continue
+        rows += rows_from_run(run_dir, *job_strategy_and_ratio(overrides))
     table = build_table(rows)
     return _jobs.write_table(table, to_markdown(table, failed), results_dir, "eviction_sweep", len(failed))
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # run as `python scripts/sweep_eviction.py`: import this checkout's kvbench
     raise SystemExit(main())

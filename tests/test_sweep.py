@@ -234,23 +234,28 @@ def test_submitit_local_multirun_completes(tmp_path):
     assert list((results / "multirun" / "submitit").rglob(".submitit/*/*_result.pkl"))
 
 
-@pytest.mark.integration
-def test_ray_local_multirun_completes(tmp_path):
-    """hydra-ray-launcher on a local Ray instance it starts and stops itself. ~40 s on two cores."""
+def test_ray_local_one_job_sweep_writes_where_told(tmp_path, monkeypatch):
+    """hydra-ray-launcher on a local Ray instance it starts and stops itself: a one-job tiny-model sweep writes
+    its run, store file and job dir under --results-dir and nothing in the working directory. Skipped where
+    Ray is not installed (.ci/run installs it; docs/scale-out.md says how)."""
     pytest.importorskip("ray")
     pytest.importorskip("hydra_plugins.hydra_ray_launcher")
-    results = tmp_path / "results"
+    work, results = tmp_path / "cwd", tmp_path / "results"
+    work.mkdir()
     path = _write_sweep(tmp_path / "ray.yaml", {
-        "name": "ray", "overrides": _job_overrides(results),
-        "blocks": {"quant": {"strategy": "int8,int4"}},
-        "launcher_overrides": {"ray": ["+hydra.launcher.ray.init.num_cpus=2",
+        "name": "ray", "overrides": _tiny_job(), "blocks": {"quant": {"strategy": "int8"}},
+        "launcher_overrides": {"ray": ["+hydra.launcher.ray.init.num_cpus=1",
                                        "+hydra.launcher.ray.init.include_dashboard=false",
                                        "+hydra.launcher.ray.remote.num_cpus=1"]},
     })
-    assert sweep_mod.main([str(path), "--launcher", "ray"]) == 0
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the jobs' interpreter imports this checkout
+    assert sweep_mod.main([str(path), "--launcher", "ray", "--results-dir", str(results)]) == 0
     store = read_store(results)
-    assert store.groupby("run_id").size().tolist() == [4, 4]
-    assert _unique_keys(store)
+    assert set(store["strategy"].map(lambda s: s.split("(")[0])) == {"full", "int8"} and len(store) == 2
+    [(overrides, run, _)] = sweep_mod.job_runs(results, "ray")
+    assert "strategy=int8" in overrides and run is not None and run.parent == (results / "runs").resolve()
+    assert _tree(work) == set()
 
 
 # ------------------------------------------------------------------------- concurrent writers (no model)
@@ -384,7 +389,7 @@ def test_sweep_reports_a_missing_launcher_plugin(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "hydra_plugins.hydra_ray_launcher" else real(name, *a))
     assert sweep_mod.main([str(path), "--launcher", "ray", "--dry-run"]) == 2
-    assert "pip install hydra-ray-launcher" in capsys.readouterr().err
+    assert "pip install 'ray<3' && pip install --no-deps hydra-ray-launcher" in capsys.readouterr().err
 
 
 # -------------------------------------------------------------------------- sweeps that behave like Hydra
@@ -428,6 +433,26 @@ def test_results_dir_routes_every_job_and_job_dirs_hold_hydra_files_and_a_run_po
         recorded = {json.loads(ln)["strategy"].split("(")[0] for ln in (run / "records.jsonl").read_text().splitlines()}
         assert recorded == {"full", strategy}  # the pointer names the run this job's overrides produced
         runs.add(run)
+
+
+def test_rounds_bring_a_job_up_per_round_samples_at_a_time(tmp_path, monkeypatch, capsys):
+    """per_round: 1 on a two-sample job: round 1 stops after one sample (its records only), the default
+    rounds (ceil(2 / 1) = 2) finish it, each round in its own directory; job_runs finds the run."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    results = tmp_path / "results"
+    path = _write_sweep(tmp_path / "r.yaml", {"name": "r", "overrides": [*_tiny_job(), "task.n_samples=2"],
+                                              "blocks": {"quant": {"strategy": "int8"}}, "per_round": 1})
+    assert sweep_mod.main([str(path), "--rounds", "1", "--results-dir", str(results)]) == 0
+    assert len(read_store(results)) == 2  # one sample: full + int8
+    assert sweep_mod.main([str(path), "--results-dir", str(results)]) == 0
+    assert "round 2 of 2" in capsys.readouterr().out
+    store = read_store(results)
+    assert len(store) == 4 and store["sample_id"].nunique() == 2 and _unique_keys(store)
+    newest = sorted((results / "multirun" / "r").iterdir())[-1]
+    assert sorted(p.name for p in newest.iterdir()) == ["round-01", "round-02"]
+    [(overrides, run, reason)] = sweep_mod.job_runs(results, "r")
+    assert "task.n_samples=2" in overrides and not any("max_new_samples" in o for o in overrides)
+    assert run is not None and (run / "summary.csv").is_file() and reason == ""
 
 
 def test_a_sweep_with_one_impossible_job_is_refused_before_any_job_starts(tmp_path, monkeypatch, capsys):
