@@ -21,7 +21,7 @@ shot() {  # what a reader sees in a browser at 1400 px, next to the page
 shot results
 if [[ -d results/headline/store ]]; then
   "$PY" -m kvbench leaderboard --results-dir results/headline --model smollm2-135m --hardware cpu \
-    --spec-version 1.2 --plots
+    --spec-version 1.2 --plots --measured-by "${HEADLINE_CMD:-scripts/reproduce_headline.sh --per-round 48 (rounds of kvbench sweep headline; finished questions are reused)}"
   "$PY" -m kvbench plan --results-dir results/headline --model smollm2-135m --hardware cpu --spec-version 1.2 \
     > results/headline/plan.txt
   shot results/headline
