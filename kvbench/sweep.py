@@ -58,8 +58,8 @@ LAUNCHERS = {
     "submitit_slurm": "hydra-submitit-launcher",
     "ray": "hydra-ray-launcher",
 }
-#: How to install a launcher where ``pip install <package>`` is not it: hydra-ray-launcher 1.2.2 declares
-#: ``cloudpickle<3``, joblib 1.6 needs ``>=3``, so pip cannot install both (docs/scale-out.md, "Ray").
+#: How to install a launcher where ``pip install <package>`` is not it: hydra-ray-launcher 1.2.2 pins an older
+#: major version of a serializer joblib 1.6 needs newer, so pip cannot resolve both (docs/scale-out.md, "Ray").
 INSTALL = {"ray": "pip install 'ray<3' && pip install --no-deps hydra-ray-launcher"}
 SWEEP_KEYS = ("name", "description", "overrides", "axes", "blocks", "launcher", "launcher_overrides", "per_round")
 #: The engine setting a round limits (``kvbench.config``'s ``engine.max_new_samples``).
