@@ -13,7 +13,8 @@ A sweep file has
   e.g. ``joblib: [hydra.launcher.n_jobs=2, hardware.threads=1]``: jobs at once and each job's threads, so part
   of every job's overrides and, through ``hardware.threads``, of its run identity; ``--`` overrides win);
 * ``per_round`` (default 0: every job runs to its ``task.n_samples`` in one pass) — run the grid in rounds, each
-  job adding at most this many samples per round (``engine.max_new_samples``, not part of a run's identity), so
+  job adding at most this many samples per round (``engine.max_new_samples``, not part of a run's identity; a
+  sample is one question, and ``task.n_samples`` counts contexts when each carries several), so
   a sweep stopped between rounds leaves every job within ``per_round`` samples of the others. ``--per-round``
   overrides it; ``--rounds N`` runs N rounds (default: enough for the largest job to finish).
 
@@ -168,10 +169,11 @@ def load_sweep(path: str | Path, launcher: str | None = None, extra: list[str] |
 
 
 def rounds_needed(sweep: Sweep, jobs: list[JobInfo]) -> int:
-    """Rounds for the largest job to reach its ``task.n_samples`` from nothing (1 without ``per_round``)."""
+    """Rounds for the largest job to reach all its questions from nothing (1 without ``per_round``).
+    ``per_round`` counts questions (``engine.max_new_samples``), ``task.n_samples`` counts contexts."""
     if not sweep.per_round:
         return 1
-    return max(1, math.ceil(max((j.n_samples for j in jobs), default=1) / sweep.per_round))
+    return max(1, math.ceil(max((j.n_questions for j in jobs), default=1) / sweep.per_round))
 
 
 @dataclass
@@ -181,9 +183,15 @@ class JobInfo:
     model: str
     hardware: str
     context_tokens: int
-    n_samples: int
+    n_samples: int  # task.n_samples: contexts when a context carries several questions
     strategies: list[tuple[str, str]]  # (name, label), `full` first
     results_dir: str = "results"
+    questions_per_context: int = 1  # task.questions_per_context (query-agnostic multi-question contexts)
+
+    @property
+    def n_questions(self) -> int:
+        """The samples (questions) the job runs to, the unit ``engine.max_new_samples`` counts."""
+        return self.n_samples * self.questions_per_context
 
 
 def describe_jobs(sweep: Sweep) -> list[JobInfo]:
@@ -204,7 +212,7 @@ def describe_jobs(sweep: Sweep) -> list[JobInfo]:
                 info[tuple(job)] = JobInfo(
                     str(cfg.model.name), str(cfg.hardware.name), int(cfg.task.get("context_tokens") or 0),
                     int(cfg.task.get("n_samples") or 1), [(s.name, s.label()) for s in resolve_strategies(cfg)],
-                    str(cfg.results_dir))
+                    str(cfg.results_dir), int(cfg.task.get("questions_per_context") or 1))
         except JobError as exc:
             raise KVBenchError(f"block {where[tuple(exc.job)]!r}, job {' '.join(exc.job)}: {exc}") from None
     return [info[tuple(job)] for block in sweep.blocks for job in block.jobs]
@@ -229,11 +237,13 @@ def _per_sample(df: Any) -> Any:
 def project(jobs: list[JobInfo], results_dir: str | Path = "results") -> Projection:
     """Serial seconds of ``jobs`` from records measured on this kind of machine.
 
-    A job's cost is ``n_samples x (median prefill + sum over its strategies, baseline included, of the median
-    compress + query + decode seconds per sample)``, the medians taken over stored records of the same model,
-    hardware and context length (a strategy matched by its exact parameters, else by its name). A job any of
-    whose figures has no such record is counted as unmeasured. Model loading is not in the records, so it is
-    not in the projection; jobs already finished are skipped when run, so a re-run costs less.
+    A job's cost is ``contexts x median prefill + questions x (sum over its strategies, baseline included, of
+    the median compress + query + decode seconds per question)`` (one prefill per context; a context's
+    compression is counted once per question, an over-estimate by the compress seconds when it has several),
+    the medians taken over stored records of the same model, hardware and context length (a strategy matched by
+    its exact parameters, else by its name). A job any of whose figures has no such record is counted as
+    unmeasured. Model loading is not in the records, so it is not in the projection; jobs already finished are
+    skipped when run, so a re-run costs less.
     """
     source = f"median per-sample prefill/compress/decode seconds in {results_dir}/store, same model/hardware/context"
     try:
@@ -262,7 +272,7 @@ def project(jobs: list[JobInfo], results_dir: str | Path = "results") -> Project
         if any(math.isnan(c) for c in costs):
             unmeasured.append(job)
             continue
-        total += job.n_samples * (float(g["prefill_s"].median()) + sum(costs))
+        total += job.n_samples * float(g["prefill_s"].median()) + job.n_questions * sum(costs)
         measured += 1
     return Projection(total, measured, unmeasured, source)
 
@@ -373,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     par = parallelism(sweep)
     n_rounds = args.rounds or rounds_needed(sweep, jobs)
     print(f"sweep {sweep.name}: {sweep.n_jobs} jobs in {len(sweep.blocks)} multirun(s), launcher {sweep.launcher}"
-          + (f"; {n_rounds} round(s), each job adding up to {sweep.per_round} samples per round"
+          + (f"; {n_rounds} round(s), each job adding up to {sweep.per_round} samples (questions) per round"
              if sweep.per_round else ""))
     for block in sweep.blocks:
         print(f"  {block.name}: {len(block.jobs)} jobs")

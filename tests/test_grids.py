@@ -105,11 +105,16 @@ def test_eviction_sweep_is_the_committed_grid(tmp_path):
 
 def test_headline_rounds_are_the_file_s_per_round():
     """reproduce_headline.sh looped `kvbench sweep headline -- engine.max_new_samples=16` ROUNDS times; the
-    file now says per_round: 16, and its 150 questions per task take 10 rounds."""
+    file now says per_round: 16 (questions). task.n_samples=150 counts contexts of 8 questions, so a task's
+    1,200 questions take 75 rounds (counting contexts as questions stopped the sweep after 10)."""
     sw = sweep_mod.load_sweep("headline")
     assert sw.per_round == 16
-    info = sweep_mod.JobInfo("smollm2-135m", "cpu", 4096, 150, [("full", "full")])
-    assert sweep_mod.rounds_needed(sw, [info] * 3) == math.ceil(150 / 16) == 10
+    [info] = {(j.n_samples, j.questions_per_context) for j in sweep_mod.describe_jobs(sw)}
+    assert info == (150, 8)
+    jobs = sweep_mod.describe_jobs(sw)
+    assert sweep_mod.rounds_needed(sw, jobs) == math.ceil(150 * 8 / 16) == 75
+    single = sweep_mod.JobInfo("smollm2-135m", "cpu", 4096, 150, [("full", "full")])
+    assert sweep_mod.rounds_needed(sw, [single]) == math.ceil(150 / 16) == 10
     cmds = [c for r in (1, 2) for c in sweep_mod.commands(sw, python="python", stamp="T", round_no=r)]
     assert all("engine.max_new_samples=16" in c for c in cmds)
     assert [c[-1] for c in cmds] == [f"hydra.sweep.dir=${{results_dir}}/multirun/headline/T/round-0{r}/00-headline"
