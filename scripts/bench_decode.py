@@ -151,12 +151,12 @@ def main() -> None:
     bandwidth = measure_copy_bandwidth(256 * 2**20, repeats=5)
     auto = attention.resolve("auto", "cpu")
     records: list[dict[str, Any]] = []
-    weights = 0
+    weights: dict[str, int] = {}  # per dtype: every section's limit uses its own
     for dtype in args.dtypes.split(","):
         lm = load_model("smollm2-135m", dtype=dtype)
         engine = Engine(lm)  # engine.attention=auto
         engine.warmup()
-        weights = held_bytes(lm.model.parameters())
+        weights[dtype] = held_bytes(lm.model.parameters())
         for context in [int(c) for c in args.contexts.split(",")]:
             sample = build_samples("legal", _task_cfg(context), lm.tokenizer, lm.max_context)[0]
             strats = [registry.build(n, strategy_params(n)) for n in names]
@@ -168,7 +168,7 @@ def main() -> None:
             rows += [kvbench_row(engine, n, "strategy", s, sample, pre, auto)
                      for n, s in zip(names, strats, strict=True) if n != "full"]  # `full (kvbench)` is that row
             decode_round_robin(engine, rows, list(sample.query_ids), args.steps)
-            limit_ms = 1000 * (weights + rows[0].kv_bytes) / (bandwidth * GB)
+            limit_ms = 1000 * (weights[dtype] + rows[0].kv_bytes) / (bandwidth * GB)
             for row in rows:
                 records.append({"dtype": dtype, "context": context, "threads": torch.get_num_threads(),
                                 "row": row.name, "kind": row.kind, "attention": row.attention,
@@ -183,7 +183,7 @@ def main() -> None:
             write(records, args, bandwidth, weights, load_start, os.getloadavg())
 
 
-def write(rows: list[dict[str, Any]], args: argparse.Namespace, bandwidth: float, weights: int,
+def write(rows: list[dict[str, Any]], args: argparse.Namespace, bandwidth: float, weights: dict[str, int],
           load_start: tuple[float, ...], load_end: tuple[float, ...]) -> None:
     df = pd.DataFrame(rows)
     for col, src in (("ms", "seconds"), ("cpu_ms", "cpu_seconds")):
@@ -206,7 +206,8 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, bandwidth: float
         "# Decode speed (measured by `scripts/bench_decode.py`)", "",
         f"SmolLM2-135M, CPU, {rows[0]['threads']} torch thread(s), one `legal` sample per context length, "
         f"{args.steps} timed decode steps per row after the question pass, rows stepped in turn. Memory copy "
-        f"bandwidth measured at the start: {bandwidth:.1f} GB/s; weights {weights / 1e6:.0f} MB. Load average "
+        f"bandwidth measured at the start: {bandwidth:.1f} GB/s; weights "
+        f"{', '.join(f'{w / 1e6:.0f} MB in {d}' for d, w in weights.items())}. Load average "
         f"(1 min) {load_start[0]:.1f} at the start and {load_end[0]:.1f} at the end on {os.cpu_count()} CPUs. "
         "On a shared machine wall time mostly measures the wait for a CPU, so each step is also timed in CPU "
         "seconds of this process (`cpu ms`, median; the ratios use it); wall medians [min, max] are listed "
