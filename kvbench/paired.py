@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from kvbench import fmt, stats
+from kvbench import fmt, sequential, stats
 from kvbench.spec import binary_metric
 from kvbench.stats import CI_LEVEL, POWER
 
@@ -150,21 +150,22 @@ class Comparison:
         disc = f", {self.only_a} only-A / {self.only_b} only-B correct" if self.binary else ""
         return (f"`{self.a}` − `{self.b}` = {self.interval_text()} ({self.method}{deff}{disc}; {self.sizes()})")
 
-    def questions_needed(self, margin: float, power: float = POWER) -> int:
+    def questions_needed(self, margin: float, power: float = POWER, level: float = CI_LEVEL) -> int:
         """Questions at which this comparison would be decided against ``−margin`` points (spec v1.2 §2.4),
-        at its observed discordance (binary) or spread (continuous) and design effect."""
+        at its observed discordance (binary) or spread (continuous) and design effect, by a test at one-sided
+        ``(1 − level) / 2``."""
         deff = 1.0 if math.isnan(self.deff) else self.deff
         if self.binary:
             n = self.n_questions
             return stats.questions_needed(self.only_b / n, self.only_a / n, n, margin / self.scale,
                                           self.b_mean if not math.isnan(self.b_mean) else 0.5, deff,
-                                          CI_LEVEL, power)
+                                          level, power)
         # Continuous, or only an interval: the normal approximation at the interval's standard error.
         se = (self.high - self.low) / (2 * float(sps.norm.ppf(1 - ALPHA)))
         gap = abs(self.estimate + margin)
         if math.isnan(se) or gap == 0 or self.n_questions == 0:
             return 0
-        z = float(sps.norm.ppf(1 - ALPHA) + sps.norm.ppf(power))
+        z = float(sps.norm.ppf((1 + level) / 2) + sps.norm.ppf(power))
         return int(math.ceil(self.n_questions * (z * se / gap) ** 2))
 
 
@@ -256,8 +257,36 @@ def secondary(records: pd.DataFrame, strategy: str, baseline: str, seed: int = 0
 
 
 @dataclass(frozen=True)
+class Look:
+    """Where a group-sequential verdict stands (spec v1.2 §2.5, :mod:`kvbench.sequential`)."""
+
+    look: int  # the last complete look (0: before the first)
+    n_looks: int
+    contexts: int  # contexts per task in that look
+    decided_at: int = 0  # the look the verdict was reached at (0: not decided)
+    level: float = float("nan")  # nominal one-sided level the deciding test met, or the hold test needs now
+    share: float = float("nan")  # the Holm share of alpha that level belongs to
+    p_decided: float = float("nan")  # the deciding p at ``decided_at``
+    final_level: float = float("nan")  # the last look's nominal level at ``share``: what the planned n must meet
+    spending: str = "O'Brien–Fleming"
+
+    def text(self, p_holds: float, p_fails: float = float("nan")) -> str:
+        where = f"look {self.look} of {self.n_looks} ({self.contexts} contexts per task)"
+        if self.decided_at:
+            return (f"group-sequential, decided at look {self.decided_at} of {self.n_looks}: one-sided p = "
+                    f"{_p(self.p_decided)}, below that look's level {_p(self.level)} ({self.spending} boundary "
+                    f"of its Holm share {_p(self.share)})")
+        if not self.look:
+            return "group-sequential: before the first look, no verdict"
+        return (f"group-sequential, {where}: one-sided p = {_p(p_holds)} (holds) and {_p(p_fails)} (fails), either "
+                f"needs to be below {_p(self.level)} at this look ({self.spending} boundary of its Holm share "
+                f"{_p(self.share)})")
+
+
+@dataclass(frozen=True)
 class NonInferiority:
-    """A − B >= −margin on the primary endpoint, with Holm's correction within its family."""
+    """A − B >= −margin on the primary endpoint, with Holm's correction within its family (and, under a
+    sequential design, through its looks: ``look``)."""
 
     comparison: Comparison
     margin: float
@@ -267,8 +296,31 @@ class NonInferiority:
     p_fails_adj: float
     family_size: int
     verdict: str
+    look: Look | None = None
+
+    def questions_needed(self, power: float = POWER) -> int:
+        """Questions that would decide this verdict (0 once decided): spec §2.4's paired count at the one-sided
+        level the verdict must meet — alpha at a fixed n; under a sequential design, the last look's nominal
+        level for the member's Holm share (its largest n: early stopping only ever needs fewer)."""
+        if self.verdict != UNDETERMINED:
+            return 0
+        level = CI_LEVEL
+        if self.look is not None and not math.isnan(self.look.final_level):
+            level = 1 - 2 * self.look.final_level
+        return self.comparison.questions_needed(self.margin, power, level)
+
+    def level_text(self) -> str:
+        """The one-sided level :meth:`questions_needed` plans for, in words."""
+        if self.look is not None and not math.isnan(self.look.final_level):
+            return (f"one-sided {_p(self.look.final_level)}: the last look's level for a Holm share of "
+                    f"{_p(self.look.share)}")
+        return f"one-sided {ALPHA:g} level"
 
     def text(self) -> str:
+        if self.look is not None:
+            return (f"{self.comparison.text()}; non-inferiority at −{self.margin:g} pp, "
+                    f"{self.look.text(self.p_holds, self.p_fails)}"
+                    f" (family of {self.family_size})")
         return (f"{self.comparison.text()}; non-inferiority at −{self.margin:g} pp: Holm-adjusted one-sided "
                 f"p = {_p(self.p_holds_adj)} (holds below {ALPHA:g}), against it p = {_p(self.p_fails_adj)} "
                 f"(family of {self.family_size})")
@@ -299,6 +351,44 @@ def noninferiority(comparisons: Sequence[Comparison], margin: float = MARGIN_PP,
         else:
             verdict = HOLDS if c.low > -margin else FAILS if c.high < -margin else UNDETERMINED
         out.append(NonInferiority(c, margin, h, f, ha, fa, len(comparisons), verdict))
+    return out
+
+
+def noninferiority_through_looks(records: pd.DataFrame, strategies: Sequence[str], baseline: str,
+                                 design: sequential.Design, margin: float = MARGIN_PP,
+                                 alpha: float = ALPHA) -> list[NonInferiority]:
+    """Each strategy's non-inferiority verdict against ``baseline`` at ``−margin`` under a sequential
+    ``design``: the comparisons of every complete look (nested prefixes of ``records``), Holm through the
+    looks in each direction (:func:`kvbench.sequential.holm_through_looks`). A verdict, once reached, is kept;
+    the comparison shown is the last complete look's. Strategies without a comparison are left out."""
+    last = sequential.complete_looks(records, design, [*strategies, baseline])
+    per_look = [{s: c for s in strategies
+                 if (c := compare(sequential.at_look(records, design, j), s, baseline)) is not None}
+                for j in range(1, last + 1)]
+    current = per_look[-1] if per_look else {
+        s: c for s in strategies if (c := compare(records, s, baseline)) is not None}
+    ph = [{s: c.p_greater(-margin) for s, c in look.items()} for look in per_look]
+    pf = [{s: c.p_less(-margin) for s, c in look.items()} for look in per_look]
+    held = sequential.holm_through_looks(ph, alpha, design)
+    failed = sequential.holm_through_looks(pf, alpha, design)
+    out = []
+    for s, c in current.items():
+        base = dict(look=last, n_looks=design.n_looks, contexts=design.contexts(last) if last else 0,
+                    spending=design.spending_name)
+        if s in held or s in failed:
+            (at, share), ps = (held[s], ph) if s in held else (failed[s], pf)
+            note = Look(**base, decided_at=at, level=sequential.nominal_level(share, design, at), share=share,
+                        p_decided=ps[at - 1][s])
+            verdict = HOLDS if s in held else FAILS
+        else:
+            # The direction the estimate points to sets the share shown (each direction runs its own Holm).
+            rejected = held if c.estimate > -margin else failed
+            share = alpha / max(len(current) - sum(1 for n in current if n in rejected), 1)
+            note = Look(**base, level=sequential.nominal_level(share, design, last) if last else float("nan"),
+                        share=share, final_level=sequential.nominal_level(share, design, design.n_looks))
+            verdict = UNDETERMINED
+        out.append(NonInferiority(c, margin, c.p_greater(-margin), c.p_less(-margin), float("nan"), float("nan"),
+                                  len(current), verdict, note))
     return out
 
 

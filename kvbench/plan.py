@@ -23,8 +23,8 @@ from typing import NoReturn
 
 from kvbench import claims, stats
 from kvbench.errors import KVBenchError
-from kvbench.paired import MARGIN_PP, UNDETERMINED
-from kvbench.selection import add_filter_arguments, filters_from_args
+from kvbench.paired import MARGIN_PP
+from kvbench.selection import add_design_argument, add_filter_arguments, design_from_args, filters_from_args
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Questions each claim needs to be decided (spec v1.2 §2.4), from the result store; "
                             "or, with --discordance, for one non-inferiority claim from assumptions.")
     add_filter_arguments(p)
+    add_design_argument(p)
     p.add_argument("--discordance", type=float, default=None,
                    help="assumed rate of questions the strategy and full answer differently (0-1); plans one "
                         "claim without reading the store")
@@ -105,7 +106,7 @@ def plan_rows(check: claims.ClaimCheck) -> list[list[str]]:
             h = sc.headline[scope]
             for m in h.members:
                 c = m.comparison
-                need = c.questions_needed(claims.LOSS_PP) if m.verdict == UNDETERMINED else 0
+                need = m.questions_needed()
                 floor = 0
                 if need and c.estimate > -claims.LOSS_PP:  # could still hold: never before zero flips would
                     deff = 1.0 if math.isnan(c.deff) else c.deff
@@ -132,12 +133,12 @@ def plan_store(args: argparse.Namespace) -> list[str]:
     from kvbench.leaderboard import build
     from kvbench.results import read_store
 
-    lb = build(read_store(args.results_dir), filters_from_args(args))
+    lb = build(read_store(args.results_dir), filters_from_args(args), design=design_from_args(args))
     lines = []
     for setting in lb.settings:
         summary = lb.summary[lb.summary["setting"] == setting]
         records = lb.records[lb.records["setting"] == setting]
-        check = claims.check_claims(summary, lb.meta, records)
+        check = claims.check_claims(summary, lb.meta, records, design=lb.design)
         lines.append(render(plan_rows(check)))
     return lines
 

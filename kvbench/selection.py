@@ -67,6 +67,21 @@ def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"only one query setting: {' or '.join(SETTINGS)} (default: both, reported apart)")
 
 
+def add_design_argument(parser: argparse.ArgumentParser) -> None:
+    """``--design``: judge the store by a sweep file's pre-registered looks (spec v1.2 §2.5)."""
+    parser.add_argument("--design", default=None, metavar="SWEEP",
+                        help="judge the headline group-sequentially by this sweep file's design (a path or a name "
+                             "in conf/sweep, e.g. headline): figures of its last complete look")
+
+
+def design_from_args(args: argparse.Namespace):  # -> kvbench.sequential.Design | None
+    if not getattr(args, "design", None):
+        return None
+    from kvbench.sweep import load_design
+
+    return load_design(args.design)
+
+
 def filters_from_args(args: argparse.Namespace) -> Filters:
     setting = getattr(args, "setting", None)
     if setting is not None and setting not in SETTINGS:
@@ -184,5 +199,6 @@ def run_cli(command: str, parser: argparse.ArgumentParser, argv: list[str] | Non
     return 0
 
 
-__all__ = ["Filters", "HOMOGENEOUS", "add_filter_arguments", "check_comparable", "filters_from_args", "json_text",
+__all__ = ["Filters", "HOMOGENEOUS", "add_design_argument", "add_filter_arguments", "check_comparable",
+           "design_from_args", "filters_from_args", "json_text",
            "paired_records", "run_cli", "select_records", "with_setting"]

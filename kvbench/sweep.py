@@ -17,6 +17,10 @@ A sweep file has
   sample is one question, and ``task.n_samples`` counts contexts when each carries several), so
   a sweep stopped between rounds leaves every job within ``per_round`` samples of the others. ``--per-round``
   overrides it; ``--rounds N`` runs N rounds (default: enough for the largest job to finish).
+* ``design`` (optional) — the sweep's pre-registered looks, for a sweep judged while it grows (spec v1.2 §2.5,
+  :mod:`kvbench.sequential`): ``look_every`` contexts per task between looks, ``spending``
+  (``obrien-fleming``, default, or ``pocock``); the planned contexts are the file's ``task.n_samples``.
+  ``kvbench leaderboard --design <sweep>`` and ``kvbench plan --design <sweep>`` judge its store by it.
 
 Values use Hydra's own sweep syntax (``a,b,c``, ``range(1,4)``, ``choice(...)``, ``glob(...)``) and are
 expanded by Hydra's own parser and :class:`BasicSweeper` logic (``glob`` against the group's options), so the
@@ -50,6 +54,7 @@ from typing import Any
 import yaml
 
 from kvbench.errors import KVBenchError
+from kvbench.sequential import Design
 
 #: ``--launcher`` choices: Hydra launcher plugin config names and the pip package providing each.
 LAUNCHERS = {
@@ -62,7 +67,8 @@ LAUNCHERS = {
 #: How to install a launcher where ``pip install <package>`` is not it: hydra-ray-launcher 1.2.2 pins an older
 #: major version of a serializer joblib 1.6 needs newer, so pip cannot resolve both (docs/scale-out.md, "Ray").
 INSTALL = {"ray": "pip install 'ray<3' && pip install --no-deps hydra-ray-launcher"}
-SWEEP_KEYS = ("name", "description", "overrides", "axes", "blocks", "launcher", "launcher_overrides", "per_round")
+SWEEP_KEYS = ("name", "description", "overrides", "axes", "blocks", "launcher", "launcher_overrides", "per_round",
+              "design")
 #: The engine setting a round limits (``kvbench.config``'s ``engine.max_new_samples``).
 ROUND_LIMIT = "engine.max_new_samples"
 
@@ -83,6 +89,7 @@ class Sweep:
     launcher: str = "basic"
     launcher_overrides: list[str] = field(default_factory=list)
     per_round: int = 0  # samples each job adds per round; 0: no rounds
+    design: Design | None = None  # its pre-registered looks (spec v1.2 §2.5); None: judged at a fixed n
 
     @property
     def n_jobs(self) -> int:
@@ -165,7 +172,30 @@ def load_sweep(path: str | Path, launcher: str | None = None, extra: list[str] |
         raise KVBenchError(f"{p}: per_round must be an integer >= 0 (got {rounds!r})")
     if rounds and any(o.startswith(ROUND_LIMIT + "=") for b in blocks for o in b.overrides):
         raise KVBenchError(f"{p}: {ROUND_LIMIT} is set by per_round (--per-round); do not also pass it")
-    return Sweep(str(data.get("name", p.stem)), blocks, chosen, launcher_overrides, rounds)
+    design = None
+    if data.get("design") is not None:
+        planned = [o.split("=", 1)[1] for b in blocks for o in b.overrides if o.startswith("task.n_samples=")]
+        if len(set(planned)) > 1:
+            raise KVBenchError(f"{p}: a design needs one planned task.n_samples for every job "
+                               f"(got {', '.join(sorted(set(planned)))})")
+        try:
+            n = int(planned[-1]) if planned else None
+        except ValueError:
+            raise KVBenchError(f"{p}: task.n_samples must be an integer for a design (got {planned[-1]!r})") from None
+        try:
+            design = Design.from_mapping(data["design"], n)
+        except KVBenchError as exc:
+            raise KVBenchError(f"{p}: {exc}") from None
+    return Sweep(str(data.get("name", p.stem)), blocks, chosen, launcher_overrides, rounds, design)
+
+
+def load_design(path: str | Path) -> Design:
+    """The sequential design of a sweep file (``--design`` of ``kvbench leaderboard`` and ``kvbench plan``):
+    one line naming the problem when it has none."""
+    sweep = load_sweep(path)
+    if sweep.design is None:
+        raise KVBenchError(f"sweep {path!r} declares no design (a `design:` block with look_every)")
+    return sweep.design
 
 
 def rounds_needed(sweep: Sweep, jobs: list[JobInfo]) -> int:
@@ -385,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sweep {sweep.name}: {sweep.n_jobs} jobs in {len(sweep.blocks)} multirun(s), launcher {sweep.launcher}"
           + (f"; {n_rounds} round(s), each job adding up to {sweep.per_round} samples (questions) per round"
              if sweep.per_round else ""))
+    if sweep.design is not None:
+        print(f"  judged group-sequentially (spec v1.2 §2.5): {sweep.design.describe()}; "
+              f"kvbench leaderboard --design {sweep.name}")
     for block in sweep.blocks:
         print(f"  {block.name}: {len(block.jobs)} jobs")
         if args.list:

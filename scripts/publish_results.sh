@@ -20,9 +20,10 @@ shot() {  # what a reader sees in a browser at 1400 px, next to the page
 "$PY" -m kvbench leaderboard --results-dir results --model smollm2-135m --hardware cpu --spec-version 1.1 --plots
 shot results
 if [[ -d results/headline/store ]]; then
+  # Judged by the sweep file's pre-registered looks (spec v1.2 §2.5): every figure is the last complete look's.
   "$PY" -m kvbench leaderboard --results-dir results/headline --model smollm2-135m --hardware cpu \
-    --spec-version 1.2 --plots --measured-by "${HEADLINE_CMD:-scripts/reproduce_headline.sh --per-round 48 (rounds of kvbench sweep headline; finished questions are reused)}"
+    --spec-version 1.2 --design headline --plots --measured-by "${HEADLINE_CMD:-scripts/reproduce_headline.sh --per-round 48 (rounds of kvbench sweep headline; finished questions are reused)}"
   "$PY" -m kvbench plan --results-dir results/headline --model smollm2-135m --hardware cpu --spec-version 1.2 \
-    > results/headline/plan.txt
+    --design headline > results/headline/plan.txt
   shot results/headline
 fi

@@ -22,6 +22,7 @@ from kvbench.claims.figures import (
 from kvbench.claims.headline_claim import HeadlineVerdict, headline
 from kvbench.claims.scenarios import SCENARIOS, Scenario, ScenarioResult, scenario
 from kvbench.paired import Comparison, secondary
+from kvbench.sequential import Design
 from kvbench.vocab import BASELINE, OVERALL, in_setting
 
 
@@ -44,6 +45,7 @@ class SettingCheck:
 class ClaimCheck:
     meta: dict[str, str]
     settings: list[SettingCheck]
+    design: Design | None = None
 
     @property
     def scopes(self) -> list[str]:
@@ -61,11 +63,13 @@ class ClaimCheck:
 
 
 def check_claims(summary: pd.DataFrame, meta: Mapping[str, str] | None = None,
-                 records: pd.DataFrame | None = None, scenarios: tuple[Scenario, ...] = SCENARIOS) -> ClaimCheck:
+                 records: pd.DataFrame | None = None, scenarios: tuple[Scenario, ...] = SCENARIOS,
+                 design: Design | None = None) -> ClaimCheck:
     """Evaluate every claim on a summary frame (per-task rows, optionally the pooled ``all`` rows), once per
     setting it holds. With the paired ``records`` behind it every verdict rests on clustered paired
     intervals, the pooled scopes are ``all@<tokens>`` (one context length each, never the summary's ``all``
-    rows, which may mix lengths), and the headline's members get their secondary endpoints."""
+    rows, which may mix lengths), and the headline's members get their secondary endpoints. A sequential
+    ``design`` judges the headline through its looks (spec v1.2 §2.5); the scenarios are exploratory there."""
     out = []
     have_records = records is not None and not records.empty
     for setting in ([] if summary.empty else setting_list(summary)):
@@ -76,7 +80,7 @@ def check_claims(summary: pd.DataFrame, meta: Mapping[str, str] | None = None,
         else:
             pooled = [OVERALL] if (rows["task"] == OVERALL).any() else []
         scopes = tasks + pooled
-        heads = {s: headline(summary, s, setting, records if have_records else None) for s in scopes}
+        heads = {s: headline(summary, s, setting, records if have_records else None, design) for s in scopes}
         extra = {}
         if have_records:
             for s, h in heads.items():
@@ -96,4 +100,4 @@ def check_claims(summary: pd.DataFrame, meta: Mapping[str, str] | None = None,
                       ties_of(largest_reduction([p for p in found[s] if p.within_relative()]), found[s]))
                   for s in scopes},
         ))
-    return ClaimCheck(meta=dict(meta or {}), settings=out)
+    return ClaimCheck(meta=dict(meta or {}), settings=out, design=design)

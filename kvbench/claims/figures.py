@@ -159,7 +159,7 @@ def best_within_relative(summary: pd.DataFrame, scope: str, loss: float = LOSS_R
     return largest_reduction([p for p in picks(summary, scope, setting) if p.within_relative(loss)])
 
 
-def samples_sentence(needed: int, c: Comparison | None, what: str) -> str:
+def samples_sentence(needed: int, c: Comparison | None, what: str, level: str = "") -> str:
     """``about 1,534 questions (… documents' design effect …) would decide <what>`` — spec v1.2 §2.4's
     paired count at the comparison's observed discordance and design effect."""
     if not needed:
@@ -169,7 +169,7 @@ def samples_sentence(needed: int, c: Comparison | None, what: str) -> str:
         basis = (f" at the observed discordance ({c.only_a + c.only_b} of {c.n_questions} questions"
                  + (", taken at its 95% upper bound since none was seen" if c.only_a + c.only_b == 0 else "")
                  + f") and design effect {c.deff:.2f} ({c.deff_source})")
-    return (f"about {needed:,} questions{basis} would decide {what} (one-sided {ALPHA:g} level, "
+    return (f"about {needed:,} questions{basis} would decide {what} ({level or f'one-sided {ALPHA:g} level'}, "
             f"{POWER:.0%} power, Connor's paired formula; measurement spec §2.4)")
 
 

@@ -24,8 +24,17 @@ from kvbench.claims.figures import (
     scope_records,
     setting_list,
 )
-from kvbench.paired import FAILS, HOLDS, UNDETERMINED, NonInferiority, identical_scores, noninferiority
-from kvbench.vocab import QUERY_AWARE
+from kvbench.paired import (
+    FAILS,
+    HOLDS,
+    UNDETERMINED,
+    NonInferiority,
+    identical_scores,
+    noninferiority,
+    noninferiority_through_looks,
+)
+from kvbench.sequential import Design
+from kvbench.vocab import BASELINE, QUERY_AWARE
 
 #: The claim's band of memory reduction.
 CLAIM_LOW, CLAIM_HIGH = 0.40, 0.60
@@ -53,12 +62,13 @@ class HeadlineVerdict:
 
 
 def headline(summary: pd.DataFrame, scope: str, setting: str | None = None,
-             records: pd.DataFrame | None = None) -> HeadlineVerdict:
+             records: pd.DataFrame | None = None, design: Design | None = None) -> HeadlineVerdict:
     """The headline on one scope (a task, ``all`` or ``all@<tokens>``) in one setting, as non-inferiority.
 
     Family: every strategy saving 40–60% (the claim's band); when none does but some save more, those
     saving at least 40% (``in_band`` False). Each member: task accuracy − full ≥ −1 point, Holm-adjusted
     within the family. The claim **holds** when some member holds, **fails** when every member fails.
+    With a sequential ``design`` (and records), Holm runs through the design's looks (spec v1.2 §2.5).
     """
     setting = setting or setting_list(summary)[0]
     recs = scope_records(records, scope, setting)
@@ -72,9 +82,14 @@ def headline(summary: pd.DataFrame, scope: str, setting: str | None = None,
                                setting=setting)
     band = [p for p in reach if p.memory_reduction <= CLAIM_HIGH]
     family = band or reach
-    pairs = [(p, c) for p in family if (c := baseline_comparison(p, recs)) is not None]
-    verdicts = noninferiority([c for _, c in pairs], LOSS_PP)
-    by_name = {p.strategy: (p, v) for (p, _), v in zip(pairs, verdicts, strict=True)}
+    if design is not None and recs is not None:
+        judged = {v.comparison.a: v for v in noninferiority_through_looks(
+            recs, [p.strategy for p in family], BASELINE, design, LOSS_PP)}
+        by_name = {p.strategy: (p, judged[p.strategy]) for p in family if p.strategy in judged}
+    else:
+        pairs = [(p, c) for p in family if (c := baseline_comparison(p, recs)) is not None]
+        verdicts = noninferiority([c for _, c in pairs], LOSS_PP)
+        by_name = {p.strategy: (p, v) for (p, _), v in zip(pairs, verdicts, strict=True)}
     holding = [p for p, v in by_name.values() if v.verdict == HOLDS]
     undecided = [(p, v) for p, v in by_name.values() if v.verdict == UNDETERMINED]
     point = [p for p in family if p.within_pp()]
@@ -88,8 +103,7 @@ def headline(summary: pd.DataFrame, scope: str, setting: str | None = None,
     # The claim holds once one member holds: the cheapest member that still can (point estimate above the
     # margin) sets the n; if none can, it fails once every member fails: the most demanding one sets it.
     can_hold = [(p, v) for p, v in undecided if v.comparison.estimate > -LOSS_PP]
-    needs = sorted((n, p.strategy) for p, v in (can_hold or undecided)
-                   if (n := v.comparison.questions_needed(LOSS_PP)))
+    needs = sorted((n, p.strategy) for p, v in (can_hold or undecided) if (n := v.questions_needed()))
     if not can_hold:
         needs = needs[::-1]
     needed = needs[0][0] if verdict == UNDETERMINED and needs else 0
@@ -110,8 +124,7 @@ def headline(summary: pd.DataFrame, scope: str, setting: str | None = None,
         v = by_name[pick.strategy][1] if pick.strategy in by_name else None
         text = (f"**undetermined at this n**: no strategy of {where} is non-inferior with confidence ({named})"
                 + (f"; the closest, {v.text()}" if v else "")
-                + (f"; for `{needs[0][1]}`, {samples_sentence(needed, by_name[needs[0][1]][1].comparison, 'it')}"
-                   if needed else ""))
+                + (f"; for `{needs[0][1]}`, {_needed_sentence(needed, by_name[needs[0][1]][1])}" if needed else ""))
     extras = []
     if not band:
         extras.append(f"no strategy inside the {fmt.pct(CLAIM_LOW)}–{fmt.pct(CLAIM_HIGH)} band itself was measured "
@@ -129,3 +142,7 @@ def headline(summary: pd.DataFrame, scope: str, setting: str | None = None,
                            verdict, needed, setting, tuple(by_name[p.strategy][1] for p in family
                                                            if p.strategy in by_name),
                            ties, tuple(p for p in family if p.strategy in by_name))
+
+
+def _needed_sentence(needed: int, v: NonInferiority) -> str:
+    return samples_sentence(needed, v.comparison, "it", v.level_text())

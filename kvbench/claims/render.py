@@ -10,7 +10,7 @@ from kvbench.claims.check import ClaimCheck, SettingCheck
 from kvbench.claims.contrasts import MATCH_TOLERANCE
 from kvbench.claims.figures import LOSS_PP, Pick, ci_text
 from kvbench.claims.headline_claim import CLAIM_HIGH, CLAIM_LOW
-from kvbench.paired import ALPHA, PRIMARY, UNDETERMINED, Comparison
+from kvbench.paired import ALPHA, PRIMARY, Comparison
 from kvbench.vocab import BASELINE, OVERALL, QUERY_AWARE, SETTING_SENTENCE
 
 
@@ -60,10 +60,24 @@ def render_claims(check: ClaimCheck) -> str:
         f"(delta > −{LOSS_PP:g} pp) and *within 1% relative* are point-estimate readings, never verdicts.",
         "",
     ]
+    if check.design is not None:
+        look, after = int(m.get("look", 0)), int(m.get("after_look", 0))
+        where = (f"Every figure below is **look {look} of {m.get('n_looks', '?')}** ({m.get('look_contexts', '?')} "
+                 "contexts of every task)" if look else "No look is complete yet: the figures are every record "
+                 "measured, and no headline verdict is reached")
+        later = f"; {after:,} records measured after it wait for the next look" if after else ""
+        lines += [
+            f"**Group-sequential design** (spec v1.2 §2.5): this store grows in rounds and is judged while it grows, "
+            f"so the headline's verdicts are taken only at pre-registered looks — {check.design.describe()}. "
+            "Each look's one-sided p is compared with that look's nominal level (the tail beyond its boundary for "
+            "the hypothesis's current Holm share of alpha), not with alpha; a verdict reached at a look is kept. "
+            f"{where}{later}. The scenario verdicts below are not part of the design: read them as exploratory.",
+            "",
+        ]
     if not check.settings:
         return "\n".join(lines + ["No strategy records to check.", ""])
     for sc in check.settings:
-        lines += _render_setting(sc, several=len(check.settings) > 1)
+        lines += _render_setting(sc, several=len(check.settings) > 1, sequential=check.design is not None)
     return "\n".join(lines)
 
 
@@ -77,7 +91,7 @@ def _p_cell(v: float) -> str:
     return fmt.number(v, ".2g")
 
 
-def _render_headline(check: SettingCheck, h2: str) -> list[str]:
+def _render_headline(check: SettingCheck, h2: str, sequential: bool = False) -> list[str]:
     lines = ["", f"{h2} \"40–60% less KV memory at <1% accuracy loss\"", "",
              f"Non-inferiority of each strategy saving {fmt.pct(CLAIM_LOW)}–{fmt.pct(CLAIM_HIGH)} (the family; Holm "
              f"within it): endpoint {PRIMARY}, margin {LOSS_PP:g} point, one-sided level {ALPHA:g}. The claim holds "
@@ -101,18 +115,26 @@ def _render_headline(check: SettingCheck, h2: str) -> list[str]:
         h = check.headline[s]
         if not h.members:
             continue
+        p_heads = (("p (holds)", "p (fails)", "level needed (look)") if sequential
+                   else ("Holm p (holds)", "Holm p (fails)"))
         lines += ["", f"{h2}# Members on {_scope_name(s)}", "",
                   "| strategy | reduction | endpoint | Δ [95% CI] | n questions / contexts / documents "
-                  "| design effect | interval | Holm p (holds) | Holm p (fails) | verdict | questions to decide |",
-                  "|---|---:|---|---|---:|---|---|---:|---:|---|---:|"]
+                  f"| design effect | interval | {' | '.join(p_heads)} | verdict | questions to decide |",
+                  "|---|---:|---|---|---:|---|---|" + "---:|" * len(p_heads) + "---|---:|"]
         reductions = {p.strategy: p.memory_reduction for p in h.member_picks}
         for v in h.members:
             c = v.comparison
             deff = "–" if math.isnan(c.deff) else f"{c.deff:.2f} ({c.deff_source})"
-            need = c.questions_needed(LOSS_PP) if v.verdict == UNDETERMINED else 0
+            need = v.questions_needed()
+            if v.look is not None:
+                at = v.look.decided_at or v.look.look
+                p_cells = (f"{_p_cell(v.p_holds)} | {_p_cell(v.p_fails)} | "
+                           f"{_p_cell(v.look.level)} (look {at}{', decided' if v.look.decided_at else ''})")
+            else:
+                p_cells = f"{_p_cell(v.p_holds_adj)} | {_p_cell(v.p_fails_adj)}"
             lines.append(f"| `{c.a}` | {fmt.pct(reductions.get(c.a, float('nan')))} | {c.endpoint} | "
-                         f"{c.interval_text()} | {_sizes_cell(c)} | {deff} | {c.method} | {_p_cell(v.p_holds_adj)} | "
-                         f"{_p_cell(v.p_fails_adj)} | {v.verdict} | {_needed(need)} |")
+                         f"{c.interval_text()} | {_sizes_cell(c)} | {deff} | {c.method} | {p_cells} | "
+                         f"{v.verdict} | {_needed(need)} |")
         sec = check.secondary.get(s, {})
         if any(sec.values()):
             lines += ["", "Secondary endpoints (paired cluster bootstrap, no verdict): "
@@ -121,7 +143,7 @@ def _render_headline(check: SettingCheck, h2: str) -> list[str]:
     return lines
 
 
-def _render_setting(check: SettingCheck, several: bool) -> list[str]:
+def _render_setting(check: SettingCheck, several: bool, sequential: bool = False) -> list[str]:
     h2 = "##" if not several else "###"
     lines = []
     if several or check.setting != QUERY_AWARE:
@@ -134,7 +156,7 @@ def _render_setting(check: SettingCheck, several: bool) -> list[str]:
         cells = (_cells(check.best_pp[s], ties=ties_pp)
                  + _cells(check.best_relative[s], not check.relative_defined[s], ties_rel))
         lines.append(f"| {_scope_name(s)} | " + " | ".join(cells) + " |")
-    lines += _render_headline(check, h2)
+    lines += _render_headline(check, h2, sequential)
     lines += ["", f"{h2} Scenarios", "",
               "Each scenario claim is one family: every pair it lists is Holm-adjusted within it. \"A beats B\" "
               f"claims test every pair within {100 * MATCH_TOLERANCE:g} points of memory reduction, so each A "

@@ -80,7 +80,9 @@ from kvbench.leaderboard.table import (
 from kvbench.results import atomic_write_text
 from kvbench.selection import (
     Filters,
+    add_design_argument,
     add_filter_arguments,
+    design_from_args,
     filters_from_args,
     paired_records,
     run_cli,
@@ -109,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Rank every strategy in the result store: writes leaderboard.md/.csv/.html and "
                     "claim_check.md (and the plots with --plots).")
     add_filter_arguments(p)
+    add_design_argument(p)
     p.add_argument("--out-dir", default=None, help="where to write (default: the results directory)")
     p.add_argument("--sort", default=DEFAULT_SORT,
                    help=f"column to rank by, best first (any leaderboard.csv column, default {DEFAULT_SORT})")
@@ -127,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _write_from_args(args: argparse.Namespace) -> list[Path]:
     out_dir = Path(args.out_dir or args.results_dir)
-    lb = build(read_records(args.results_dir), filters_from_args(args), args.sort, args.reverse, args.depth_key)
+    lb = build(read_records(args.results_dir), filters_from_args(args), args.sort, args.reverse, args.depth_key,
+               design_from_args(args))
     if args.measured_by:
         lb.meta["measured_by"] = args.measured_by
     paths = [] if args.plots_only else write(lb, out_dir)

@@ -160,7 +160,12 @@ def _header_lines(lb: Leaderboard, style: type = fmt.Markdown) -> list[str]:
         f"below −{margin_pp():g}), Holm-adjusted over the strategies ranked in the setting (spec §2.3). Rows are "
         "sorted by the verdict, then memory saved; rows equal in all of these are ties (=). n: questions / "
         "distinct documents behind the pooled Δ.",
-    ] + ([f"{style.bold('Partial')}: {t(m['partial'])} record(s) come from runs that have not finished (their "
+    ] + ([f"{style.bold('Group-sequential')} (spec v1.2 §2.5): every figure is {style.bold('look ' + t(m['look']))} "
+          f"of {t(m['n_looks'])} ({t(m['look_contexts'])} contexts of every task); verdicts are taken at the "
+          f"design's looks against their nominal levels, not at 0.025 ({t(m['design'])}); "
+          f"{t(m['after_look'])} record(s) measured after this look wait for the next one."]
+         if m.get("look", "0") != "0" else []) \
+        + ([f"{style.bold('Partial')}: {t(m['partial'])} record(s) come from runs that have not finished (their "
           "records.jsonl, not yet in the store); the rows they enter are marked (partial) and will change when "
           "the runs complete."] if m.get("partial", "0") != "0" else [])
 
@@ -432,7 +437,7 @@ def render_claim_check(lb: Leaderboard) -> str:
         summary = fmt.escape_names(lb.summary[lb.summary["setting"] == setting])
         records = fmt.escape_names(lb.records[lb.records["setting"] == setting])
         meta = {k: fmt.md_name(str(v)) for k, v in {**lb.meta, "setting": setting}.items()}
-        text = render_claims(check_claims(summary, meta, records))
+        text = render_claims(check_claims(summary, meta, records, design=lb.design))
         if len(settings) > 1:
             head, _, rest = text.partition("\n")
             title = _setting_heading(setting).split(":")[0]

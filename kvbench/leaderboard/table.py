@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvbench import claims, fmt, paired
+from kvbench import claims, fmt, paired, sequential
 from kvbench.errors import KVBenchError
 from kvbench.labels import shorten
 from kvbench.record import HIGHER_IS_BETTER  # sort direction per metric: larger first where True
@@ -56,18 +56,20 @@ def margin_pp() -> float:
     return float(claims.LOSS_PP)
 
 
-def claim_verdicts(summary: pd.DataFrame, setting: str, records: pd.DataFrame | None = None) -> dict[str, str]:
+def claim_verdicts(summary: pd.DataFrame, setting: str, records: pd.DataFrame | None = None,
+                   design: sequential.Design | None = None) -> dict[str, str]:
     """Each non-baseline strategy's verdict on the pooled scope of ``setting``, as the claim check judges it.
 
     The only place the leaderboard reads the claim check's judging (spec v1.2 §2.2–2.3): with ``records``, the
     clustered paired interval of :func:`kvbench.paired.compare` on the records the pooled row rests on (one
     context length, strategies measured on every task), and non-inferiority at the 1-point margin with Holm's
     correction over the strategies ranked in this setting (:func:`kvbench.paired.noninferiority`). Without
-    records (a summary alone), the unadjusted pooled interval of the summary decides.
+    records (a summary alone), the unadjusted pooled interval of the summary decides. A sequential ``design``
+    runs Holm through its looks (spec v1.2 §2.5).
     """
     rows = summary[(summary["setting"] == setting) & (summary["task"] == OVERALL)
                    & (summary["strategy"] != BASELINE)]
-    judged = {s: v.verdict for s, v in _judged(rows, setting, records).items()} \
+    judged = {s: v.verdict for s, v in _judged(rows, setting, records, design).items()} \
         if records is not None and not records.empty else {}
     out = {}
     for row in rows.to_dict("records"):
@@ -86,7 +88,8 @@ def claim_verdicts(summary: pd.DataFrame, setting: str, records: pd.DataFrame | 
     return out
 
 
-def _judged(rows: pd.DataFrame, setting: str, records: pd.DataFrame) -> dict[str, paired.NonInferiority]:
+def _judged(rows: pd.DataFrame, setting: str, records: pd.DataFrame,
+            design: sequential.Design | None = None) -> dict[str, paired.NonInferiority]:
     """paired.noninferiority verdicts (with the clustered comparison each rests on) of ``rows``' strategies
     against ``full`` on the pooled records."""
     part = records[records["setting"] == setting] if "setting" in records else records
@@ -94,6 +97,8 @@ def _judged(rows: pd.DataFrame, setting: str, records: pd.DataFrame) -> dict[str
         per_length = part.groupby("context_tokens")["task"].nunique()
         part = part[part["context_tokens"] == max(per_length.index, key=lambda t: (per_length[t], t))]
     ranked = [s for s, f in zip(rows["strategy"], rows["family"], strict=True) if not _offloading(f)]
+    if design is not None:
+        return {v.comparison.a: v for v in paired.noninferiority_through_looks(part, ranked, BASELINE, design)}
     comparisons = [c for c in (paired.compare(part, s, BASELINE) for s in ranked) if c is not None]
     return {v.comparison.a: v for v in paired.noninferiority(comparisons)}
 
@@ -129,7 +134,8 @@ def _document_ids(records: pd.DataFrame) -> pd.Series:
     return pd.Series([one(r) for r in records.to_dict("records")], index=records.index)
 
 
-def _add_verdicts(table: pd.DataFrame, summary: pd.DataFrame, records: pd.DataFrame) -> pd.DataFrame:
+def _add_verdicts(table: pd.DataFrame, summary: pd.DataFrame, records: pd.DataFrame,
+                  design: sequential.Design | None = None) -> pd.DataFrame:
     """Section, verdict, documents and rank columns: rank 1 is the most memory saved among the best verdict.
 
     Rows equal on everything the order looks at (verdict, memory saved as shown, Δ and its interval —
@@ -143,10 +149,10 @@ def _add_verdicts(table: pd.DataFrame, summary: pd.DataFrame, records: pd.DataFr
              if not records.empty else pd.Series(dtype=int))
     table[f"{OVERALL}.documents"] = [ndocs.get((st, s), float("nan")) for st, s in
                                      zip(table["setting"], table["strategy"], strict=True)]
-    verdicts = {st: claim_verdicts(summary, st, records) for st in set(table["setting"])}
+    verdicts = {st: claim_verdicts(summary, st, records, design) for st in set(table["setting"])}
     # The interval each verdict rests on (clustered, spec v1.2 §2.2) is the one the answer table shows.
     judged = {st: _judged(summary[(summary["setting"] == st) & (summary["task"] == OVERALL)
-                                  & (summary["strategy"] != BASELINE)], st, records)
+                                  & (summary["strategy"] != BASELINE)], st, records, design)
               for st in set(table["setting"])} if not records.empty else {}
     for col, get in (("verdict_delta_pp", lambda c: c.estimate), ("verdict_ci_low", lambda c: c.low),
                      ("verdict_ci_high", lambda c: c.high), ("verdict_method", lambda c: c.method),
@@ -208,6 +214,7 @@ class Leaderboard:
     meta: dict[str, str] = field(default_factory=dict)
     sort: str = DEFAULT_SORT
     reverse: bool = False
+    design: sequential.Design | None = None  # a sequential sweep's looks (spec v1.2 §2.5); None: fixed-sample
 
     @property
     def settings(self) -> list[str]:
@@ -255,11 +262,24 @@ def read_records(results_dir: str | Path) -> pd.DataFrame:
 
 
 def build(records: pd.DataFrame, filters: Filters | None = None, sort: str | None = None,
-          reverse: bool = False, depth_key: str | None = None) -> Leaderboard:
-    """Select, check, pair and summarise ``records`` (as :func:`kvbench.results.read_store` returns them)."""
+          reverse: bool = False, depth_key: str | None = None,
+          design: sequential.Design | None = None) -> Leaderboard:
+    """Select, check, pair and summarise ``records`` (as :func:`kvbench.results.read_store` returns them).
+
+    With a sequential ``design`` every figure is the last complete look's (the records of its contexts),
+    and the verdicts run through the looks; later records wait for the next look (counted in ``meta``)."""
     filters = filters or Filters()
     chosen = select_records(records, filters)
     check_comparable(chosen)
+    look_meta = {}
+    if design is not None and not chosen.empty:
+        look = sequential.complete_looks(chosen, design, sorted(set(chosen["strategy"])))
+        at = sequential.at_look(chosen, design, look)
+        look_meta = {"design": design.describe(), "look": str(look), "n_looks": str(design.n_looks),
+                     "look_contexts": str(design.contexts(look) if look else 0),
+                     "after_look": str(len(chosen) - len(at))}
+        if look:
+            chosen = at
     if BASELINE not in set(chosen["strategy"]):
         raise KVBenchError(f"no {BASELINE!r} baseline records in the selection; every run records it, so the "
                            "store is incomplete — rerun a benchmark")
@@ -292,7 +312,7 @@ def build(records: pd.DataFrame, filters: Filters | None = None, sort: str | Non
                 for col in cols:
                     row[f"{scope}.{col}"] = hit[col].iloc[0] if not hit.empty else float("nan")
             rows.append(row)
-    table = _add_verdicts(pd.DataFrame(rows), summary, paired)
+    table = _add_verdicts(pd.DataFrame(rows), summary, paired, design)
     if "partial" in paired.columns:  # rows resting on records of an unfinished run say so
         partial = paired[paired["partial"].fillna(False).astype(bool)].groupby(["setting", "strategy"]).size()
         table["partial"] = [(st, s) in partial.index for st, s in zip(table["setting"], table["strategy"],
@@ -305,8 +325,9 @@ def build(records: pd.DataFrame, filters: Filters | None = None, sort: str | Non
         "records": str(len(paired)),
         "partial": str(int(paired["partial"].fillna(False).astype(bool).sum())) if "partial" in paired else "0",
         "filters": filters.describe(),
+        **look_meta,
     }
-    lb = Leaderboard(table=table, summary=summary, records=paired, tasks=tasks, meta=meta)
+    lb = Leaderboard(table=table, summary=summary, records=paired, tasks=tasks, meta=meta, design=design)
     return sort_leaderboard(lb, sort or DEFAULT_SORT, reverse)
 
 

@@ -1,0 +1,227 @@
+"""Group-sequential verdicts: a sweep that is analysed while it grows (measurement spec v1.2 §2.5).
+
+The claim-focused sweeps (``kvbench sweep headline``) add contexts in rounds, and their claim check is
+published between rounds. Judging every publication at the fixed-sample level would test the same claim
+again and again and stop at the first crossing — the classic repeated-significance error (Armitage,
+McPherson & Rowe 1969, JRSS-A 132:235-244): five looks at a nominal 2.5% give a one-sided error near 7%.
+So a sweep file that declares a ``design`` is judged as a group-sequential trial:
+
+* **looks** are fixed before any data: look *j* is the first ``j × look_every`` contexts of every task
+  (contexts are generated in index order, so a look is a prefix of the store, whatever was published);
+  the last look is the planned ``task.n_samples``. The information fraction of look *j* is its share of
+  the planned contexts.
+* **boundaries** come from an alpha-spending function (Lan & DeMets 1983, *Discrete sequential boundaries
+  for clinical trials*, Biometrika 70:659-663): O'Brien-Fleming-type by default — almost nothing is spent
+  early, so the last look's boundary stays close to the fixed-sample one — or Pocock-type. The boundary of
+  each look is computed exactly for the looks' correlation (the score process has independent increments)
+  by the recursive numerical integration of Jennison & Turnbull (2000), *Group Sequential Methods with
+  Applications to Clinical Trials*, ch. 19.
+* **multiplicity** within a claim's family is Holm's procedure carried through the looks (Maurer & Bretz
+  2013, *Multiple testing in group sequential trials using graphical approaches*, Stat. Biopharm. Res.
+  5:311-320): each hypothesis is tested at the boundaries of its current share of alpha; a rejection (at
+  any look) passes its share on to the rest, which are re-tested at once at their larger level.
+
+The p-values are the ones the fixed-sample verdicts use (:mod:`kvbench.paired`), compared with each look's
+nominal level (the one-sided tail beyond its boundary) instead of alpha. A design with one look is the
+fixed-sample test exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import optimize
+from scipy import stats as sps
+
+from kvbench.errors import KVBenchError
+
+#: Spending functions by name: the alpha spent by information fraction ``t`` at one-sided level ``a``.
+SPENDING: dict[str, Callable[[float, float], float]] = {
+    # Lan & DeMets (1983) eq. 3: reproduces O'Brien & Fleming's (1979) boundaries.
+    "obrien-fleming": lambda a, t: 2 * float(sps.norm.sf(sps.norm.isf(a / 2) / math.sqrt(t))),
+    # Lan & DeMets (1983): approximately Pocock's (1977) constant boundaries.
+    "pocock": lambda a, t: a * math.log(1 + (math.e - 1) * t),
+}
+DEFAULT_SPENDING = "obrien-fleming"
+_GRID = 1201  # points of the score-density grid per look: boundaries agree with published ones to ~1e-4
+
+
+@dataclass(frozen=True)
+class Design:
+    """A sweep's pre-registered looks: every ``look_every`` contexts per task, up to ``planned_contexts``."""
+
+    planned_contexts: int
+    look_every: int
+    spending: str = DEFAULT_SPENDING
+
+    def __post_init__(self) -> None:
+        if self.spending not in SPENDING:
+            raise KVBenchError(f"unknown spending function {self.spending!r}; valid: {', '.join(SPENDING)}")
+        for name in ("planned_contexts", "look_every"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise KVBenchError(f"design {name} must be an integer >= 1 (got {v!r})")
+
+    @property
+    def n_looks(self) -> int:
+        return math.ceil(self.planned_contexts / self.look_every)
+
+    def contexts(self, look: int) -> int:
+        """Contexts per task in look ``look`` (1-based)."""
+        return min(look * self.look_every, self.planned_contexts)
+
+    @property
+    def fractions(self) -> tuple[float, ...]:
+        return tuple(self.contexts(j) / self.planned_contexts for j in range(1, self.n_looks + 1))
+
+    @property
+    def spending_name(self) -> str:
+        return {"obrien-fleming": "O'Brien–Fleming", "pocock": "Pocock"}[self.spending]
+
+    def describe(self) -> str:
+        return (f"{self.n_looks} looks, one every {self.look_every} contexts per task up to the planned "
+                f"{self.planned_contexts}, {self.spending_name}-type alpha spending "
+                "(Lan–DeMets), Holm through the looks")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping, planned: int | None) -> Design:
+        """From a sweep file's ``design:`` block; ``planned`` is the file's ``task.n_samples``."""
+        if not isinstance(data, Mapping):
+            raise KVBenchError("design must map look_every (and optionally spending) to values")
+        unknown = sorted(set(data) - {"look_every", "spending"})
+        if unknown:
+            raise KVBenchError(f"design: unknown key {', '.join(unknown)}; valid: look_every, spending")
+        if planned is None:
+            raise KVBenchError("design needs the planned contexts per task: set task.n_samples in overrides")
+        return cls(planned, data.get("look_every"), str(data.get("spending", DEFAULT_SPENDING)))
+
+
+# ----------------------------------------------------------------------------------------------- boundaries
+
+
+@functools.lru_cache(maxsize=256)
+def boundaries(alpha: float, fractions: tuple[float, ...], spending: str = DEFAULT_SPENDING) -> tuple[float, ...]:
+    """Upper z boundaries, one per look at information ``fractions`` (increasing, last <= 1), whose
+    crossing probabilities under the null add up, look by look, to the spent alpha (one-sided ``alpha``).
+
+    Z_j = S(t_j)/sqrt(t_j) with S a standard Brownian motion; the sub-density of S at each look on the
+    continuation region is carried to the next look by convolution with the increment's normal density
+    (Jennison & Turnbull 2000, §19.2), on a grid that ends exactly at the boundary.
+    """
+    t = np.asarray(fractions, dtype=float)
+    if t.size == 0 or np.any(np.diff(t) <= 0) or t[0] <= 0 or t[-1] > 1 + 1e-12:
+        raise ValueError(f"information fractions must increase within (0, 1]: {fractions}")
+    spend = SPENDING[spending]
+    cum = np.array([spend(alpha, float(x)) for x in t])
+    inc = np.diff(np.concatenate([[0.0], cum]))
+    out = [float(sps.norm.isf(inc[0])) if inc[0] > 0 else math.inf]
+    low = -12.0 * math.sqrt(t[-1])  # below this the continuation density is negligible
+    s = np.linspace(low, min(out[0], 40.0) * math.sqrt(t[0]), _GRID)
+    dens = sps.norm.pdf(s / math.sqrt(t[0])) / math.sqrt(t[0])
+    for k in range(1, len(t)):
+        sd = math.sqrt(t[k] - t[k - 1])
+        w = np.full(len(s), s[1] - s[0])
+        w[[0, -1]] /= 2
+        mass = w * dens  # trapezoid weights times the sub-density: the continuation probability per node
+        root_t, target = math.sqrt(t[k]), inc[k]
+
+        def excess(c: float, s: np.ndarray = s, mass: np.ndarray = mass, sd: float = sd, root_t: float = root_t,
+                   target: float = target) -> float:
+            """P(continue to the previous look, then Z_k >= c) minus the alpha this look spends."""
+            return float(np.sum(mass * sps.norm.sf((c * root_t - s) / sd))) - target
+
+        if target <= 0 or excess(40.0) >= 0:
+            c = math.inf if target <= 0 else 40.0
+        else:
+            c = float(optimize.brentq(excess, -20.0, 40.0, xtol=1e-10))
+        out.append(c)
+        u = np.linspace(low, min(c, 40.0) * math.sqrt(t[k]), _GRID)
+        dens = mass @ (sps.norm.pdf((u[None, :] - s[:, None]) / sd) / sd)
+        s = u
+    return tuple(out)
+
+
+def nominal_level(alpha: float, design: Design, look: int) -> float:
+    """The one-sided p a hypothesis at level ``alpha`` must be below at look ``look`` (1-based)."""
+    c = boundaries(alpha, design.fractions, design.spending)[look - 1]
+    return float(sps.norm.sf(c))
+
+
+# ------------------------------------------------------------------------------------------------- looks
+
+
+def context_index(records: pd.DataFrame) -> pd.Series:
+    """Each record's context index within its task: ``sample_meta["index"]``, else the trailing number of
+    ``context_id`` (``legal/retrieval/057``); -1 where neither is recorded."""
+    out = []
+    metas = records["sample_meta"] if "sample_meta" in records else [None] * len(records)
+    ctxs = records["context_id"] if "context_id" in records else [None] * len(records)
+    for meta, ctx in zip(metas, ctxs, strict=True):
+        idx = None
+        if isinstance(meta, str):
+            try:
+                idx = json.loads(meta).get("index")
+            except (ValueError, AttributeError):
+                idx = None
+        if not isinstance(idx, int) and isinstance(ctx, str) and (m := re.search(r"(\d+)$", ctx)):
+            idx = int(m.group(1))
+        out.append(idx if isinstance(idx, int) else -1)
+    return pd.Series(out, index=records.index, dtype=int)
+
+
+def complete_looks(records: pd.DataFrame, design: Design, strategies: Sequence[str]) -> int:
+    """The last look every task in ``records`` has complete for every one of ``strategies``: each task has
+    every context below the look's count, for each strategy (0: not even the first)."""
+    if records.empty:
+        return 0
+    idx = context_index(records)
+    done = design.n_looks
+    for task in records["task"].unique():
+        for s in strategies:
+            have = set(idx[(records["task"] == task) & (records["strategy"] == s)])
+            prefix = 0
+            while prefix in have:
+                prefix += 1
+            done = min(done, max((j for j in range(1, design.n_looks + 1) if design.contexts(j) <= prefix),
+                                 default=0))
+    return done
+
+
+def at_look(records: pd.DataFrame, design: Design, look: int) -> pd.DataFrame:
+    """The records of look ``look``: every task's contexts below its count."""
+    return records[context_index(records).between(0, design.contexts(look) - 1)]
+
+
+# --------------------------------------------------------------------------------------------- Holm x looks
+
+
+def holm_through_looks(pvalues: Sequence[Mapping[str, float]], alpha: float,
+                       design: Design) -> dict[str, tuple[int, float]]:
+    """Each rejected hypothesis's look (1-based) and the share of ``alpha`` it was rejected at;
+    ``pvalues[j]`` are look j+1's.
+
+    Holm as a graph (Maurer & Bretz 2013): every unrejected hypothesis holds ``alpha`` / (unrejected count);
+    at each look the smallest p is tested at its level's boundary for that look, and each rejection shares
+    its alpha out and re-tests at once. A rejected hypothesis stays rejected.
+    """
+    names = sorted({h for ps in pvalues for h in ps})
+    rejected: dict[str, tuple[int, float]] = {}
+    for j, ps in enumerate(pvalues, start=1):
+        while True:
+            open_ = [h for h in names if h not in rejected]
+            testable = [h for h in open_ if h in ps and not math.isnan(ps[h])]
+            if not testable:
+                break
+            h = min(testable, key=lambda n: (ps[n], n))
+            if ps[h] < nominal_level(alpha / len(open_), design, j):
+                rejected[h] = (j, alpha / len(open_))
+                continue
+            break
+    return rejected
