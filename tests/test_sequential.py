@@ -15,7 +15,7 @@ from test_claims import _records
 
 from kvbench import claims, plan, sequential
 from kvbench.errors import KVBenchError
-from kvbench.leaderboard import build, render_claim_check
+from kvbench.leaderboard import answer_sentence, build, render_claim_check
 from kvbench.paired import compare, noninferiority, noninferiority_through_looks
 from kvbench.sequential import Design, boundaries, holm_through_looks
 from kvbench.sweep import load_sweep
@@ -160,3 +160,21 @@ def test_leaderboard_and_plan_judge_the_store_at_its_last_look(tmp_path, capsys)
     assert "480 / 60" in out
     assert plan.main(["--results-dir", str(tmp_path), "--design", "nonexistent"]) == 2
     assert "no sweep file 'nonexistent'" in capsys.readouterr().err
+
+
+def test_the_answer_says_why_an_interval_inside_the_margin_is_not_yet_a_verdict():
+    # 1,600 one-question contexts: int8 loses 8 and gains 4, so its 95% interval lies inside the margin and the
+    # fixed-n test holds; at look 1 of 3 the design's level is stricter and the answer must say so, not claim
+    # the interval straddles the margin
+    full, int8 = [1] * 1600, [1] * 1600
+    for i in range(8):
+        int8[150 * i] = 0
+    for i in range(4):
+        full[150 * i + 75] = 0
+    recs = _looked({"full": full, "int8": int8, "fp8": [0 if i % 3 == 0 else 1 for i in range(1600)]}, per_context=1)
+    recs = recs.assign(dtype="float32", config_hash="abc", run_id="r-m-abc", seed=0, strategy_name=recs["strategy"],
+                       params="{}")
+    sequential_answer = answer_sentence(build(recs, design=Design(4800, 1600)), "query-agnostic")
+    assert "undetermined at this n — its 95% interval lies above the margin" in sequential_answer
+    assert "at look 1 of 3 of the sequential design" in sequential_answer
+    assert "staying within 1 point" in answer_sentence(build(recs), "query-agnostic")

@@ -162,8 +162,9 @@ def _header_lines(lb: Leaderboard, style: type = fmt.Markdown) -> list[str]:
         "distinct documents behind the pooled Δ.",
     ] + ([f"{style.bold('Group-sequential')} (spec v1.2 §2.5): every figure is {style.bold('look ' + t(m['look']))} "
           f"of {t(m['n_looks'])} ({t(m['look_contexts'])} contexts of every task); verdicts are taken at the "
-          f"design's looks against their nominal levels, not at 0.025 ({t(m['design'])}); "
-          f"{t(m['after_look'])} record(s) measured after this look wait for the next one."]
+          f"design's looks against their nominal levels, not at 0.025 ({t(m['design'])})"
+          + (f"; {t(m['after_look'])} record(s) measured after this look wait for the next one" if
+             m.get("after_look", "0") != "0" else "") + "."]
          if m.get("look", "0") != "0" else []) \
         + ([f"{style.bold('Partial')}: {t(m['partial'])} record(s) come from runs that have not finished (their "
           "records.jsonl, not yet in the store); the rows they enter are marked (partial) and will change when "
@@ -218,9 +219,16 @@ def answer_sentence(lb: Leaderboard, setting: str, style: type = fmt.Markdown) -
         text = (f"Answer: {who} saves the most memory while staying within {margin} of {c(BASELINE)} "
                 "— the whole interval is inside the margin.")
     elif verdict == UNDECIDED_IN:
+        why = f"its interval holds losses both under and over {margin}"
+        if top.get(f"{OVERALL}.verdict_ci_low", float("nan")) > -margin_pp():
+            # The 95% interval clears the margin, yet the verdict's test (Holm within the ranked strategies,
+            # and under a sequential design the look's stricter level) has not: say which.
+            look = lb.meta.get("look", "0")
+            why = ("its 95% interval lies above the margin, but the test the verdict rests on is stricter: Holm "
+                   "over the ranked strategies" + (f" at look {look} of {lb.meta.get('n_looks', '?')} of the "
+                                                   "sequential design" if look != "0" else ""))
         text = (f"Answer: no strategy is shown to stay within {margin} of {c(BASELINE)} at this n; the largest "
-                f"saving whose Δ is within the margin is {who}, {claims.UNDETERMINED} — its interval holds "
-                f"losses both under and over {margin}.")
+                f"saving whose Δ is within the margin is {who}, {claims.UNDETERMINED} — {why}.")
     elif verdict == UNDECIDED_OUT:
         text = (f"Answer: no strategy is shown to stay within {margin} of {c(BASELINE)}, and every point "
                 f"estimate loses more; the largest saving still {claims.UNDETERMINED} is {who}.")
