@@ -361,9 +361,10 @@ def noninferiority_through_looks(records: pd.DataFrame, strategies: Sequence[str
     ``design``: the comparisons of every complete look (nested prefixes of ``records``), Holm through the
     looks in each direction (:func:`kvbench.sequential.holm_through_looks`). A verdict, once reached, is kept;
     the comparison shown is the last complete look's. Strategies without a comparison are left out."""
-    last = sequential.complete_looks(records, design, [*strategies, baseline])
+    index = sequential.context_index(records)  # parsed once, not once per look
+    last = sequential.complete_looks(records, design, [*strategies, baseline], index)
     per_look = [{s: c for s in strategies
-                 if (c := compare(sequential.at_look(records, design, j), s, baseline)) is not None}
+                 if (c := compare(sequential.at_look(records, design, j, index), s, baseline)) is not None}
                 for j in range(1, last + 1)]
     current = per_look[-1] if per_look else {
         s: c for s in strategies if (c := compare(records, s, baseline)) is not None}

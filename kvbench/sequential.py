@@ -176,12 +176,14 @@ def context_index(records: pd.DataFrame) -> pd.Series:
     return pd.Series(out, index=records.index, dtype=int)
 
 
-def complete_looks(records: pd.DataFrame, design: Design, strategies: Sequence[str]) -> int:
+def complete_looks(records: pd.DataFrame, design: Design, strategies: Sequence[str],
+                   index: pd.Series | None = None) -> int:
     """The last look every task in ``records`` has complete for every one of ``strategies``: each task has
-    every context below the look's count, for each strategy (0: not even the first)."""
+    every context below the look's count, for each strategy (0: not even the first). ``index``:
+    :func:`context_index` of ``records`` when the caller has it."""
     if records.empty:
         return 0
-    idx = context_index(records)
+    idx = context_index(records) if index is None else index
     done = design.n_looks
     for task in records["task"].unique():
         for s in strategies:
@@ -194,9 +196,11 @@ def complete_looks(records: pd.DataFrame, design: Design, strategies: Sequence[s
     return done
 
 
-def at_look(records: pd.DataFrame, design: Design, look: int) -> pd.DataFrame:
-    """The records of look ``look``: every task's contexts below its count."""
-    return records[context_index(records).between(0, design.contexts(look) - 1)]
+def at_look(records: pd.DataFrame, design: Design, look: int, index: pd.Series | None = None) -> pd.DataFrame:
+    """The records of look ``look``: every task's contexts below its count (``index`` as in
+    :func:`complete_looks`)."""
+    idx = context_index(records) if index is None else index
+    return records[idx.between(0, design.contexts(look) - 1)]
 
 
 # --------------------------------------------------------------------------------------------- Holm x looks

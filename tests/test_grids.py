@@ -109,9 +109,9 @@ def test_headline_rounds_are_the_file_s_per_round():
     1,200 questions take 75 rounds (counting contexts as questions stopped the sweep after 10)."""
     sw = sweep_mod.load_sweep("headline")
     assert sw.per_round == 16
-    [info] = {(j.n_samples, j.questions_per_context) for j in sweep_mod.describe_jobs(sw)}
-    assert info == (150, 8)
     jobs = sweep_mod.describe_jobs(sw)
+    [info] = {(j.n_samples, j.questions_per_context) for j in jobs}
+    assert info == (150, 8)
     assert sweep_mod.rounds_needed(sw, jobs) == math.ceil(150 * 8 / 16) == 75
     single = sweep_mod.JobInfo("smollm2-135m", "cpu", 4096, 150, [("full", "full")])
     assert sweep_mod.rounds_needed(sw, [single]) == math.ceil(150 / 16) == 10

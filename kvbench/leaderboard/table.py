@@ -57,7 +57,8 @@ def margin_pp() -> float:
 
 
 def claim_verdicts(summary: pd.DataFrame, setting: str, records: pd.DataFrame | None = None,
-                   design: sequential.Design | None = None) -> dict[str, str]:
+                   design: sequential.Design | None = None,
+                   judged: Mapping[str, paired.NonInferiority] | None = None) -> dict[str, str]:
     """Each non-baseline strategy's verdict on the pooled scope of ``setting``, as the claim check judges it.
 
     The only place the leaderboard reads the claim check's judging (spec v1.2 §2.2–2.3): with ``records``, the
@@ -65,18 +66,19 @@ def claim_verdicts(summary: pd.DataFrame, setting: str, records: pd.DataFrame | 
     context length, strategies measured on every task), and non-inferiority at the 1-point margin with Holm's
     correction over the strategies ranked in this setting (:func:`kvbench.paired.noninferiority`). Without
     records (a summary alone), the unadjusted pooled interval of the summary decides. A sequential ``design``
-    runs Holm through its looks (spec v1.2 §2.5).
+    runs Holm through its looks (spec v1.2 §2.5). ``judged``: :func:`_judged`'s result when the caller has it.
     """
     rows = summary[(summary["setting"] == setting) & (summary["task"] == OVERALL)
                    & (summary["strategy"] != BASELINE)]
-    judged = {s: v.verdict for s, v in _judged(rows, setting, records, design).items()} \
-        if records is not None and not records.empty else {}
+    if judged is None and records is not None and not records.empty:
+        judged = _judged(rows, setting, records, design)
+    verdicts = {s: v.verdict for s, v in (judged or {}).items()}
     out = {}
     for row in rows.to_dict("records"):
         pick = claims.Pick.from_row(row)
         if math.isnan(pick.delta_pp) or math.isnan(pick.ci_low) or math.isnan(pick.ci_high):
             continue
-        verdict = judged.get(pick.strategy)
+        verdict = verdicts.get(pick.strategy)
         holds = verdict == paired.HOLDS if verdict else pick.ci_low > -margin_pp()
         fails = verdict == paired.FAILS if verdict else pick.ci_high <= -margin_pp()
         if holds:
@@ -149,11 +151,12 @@ def _add_verdicts(table: pd.DataFrame, summary: pd.DataFrame, records: pd.DataFr
              if not records.empty else pd.Series(dtype=int))
     table[f"{OVERALL}.documents"] = [ndocs.get((st, s), float("nan")) for st, s in
                                      zip(table["setting"], table["strategy"], strict=True)]
-    verdicts = {st: claim_verdicts(summary, st, records, design) for st in set(table["setting"])}
-    # The interval each verdict rests on (clustered, spec v1.2 §2.2) is the one the answer table shows.
+    # The interval each verdict rests on (clustered, spec v1.2 §2.2) is the one the answer table shows; judged
+    # once per setting (under a design that is a comparison per look) for both.
     judged = {st: _judged(summary[(summary["setting"] == st) & (summary["task"] == OVERALL)
                                   & (summary["strategy"] != BASELINE)], st, records, design)
               for st in set(table["setting"])} if not records.empty else {}
+    verdicts = {st: claim_verdicts(summary, st, records, design, judged.get(st)) for st in set(table["setting"])}
     for col, get in (("verdict_delta_pp", lambda c: c.estimate), ("verdict_ci_low", lambda c: c.low),
                      ("verdict_ci_high", lambda c: c.high), ("verdict_method", lambda c: c.method),
                      ("contexts", lambda c: c.n_contexts), ("clusters", lambda c: c.n_documents)):
@@ -277,7 +280,7 @@ def build(records: pd.DataFrame, filters: Filters | None = None, sort: str | Non
         at = sequential.at_look(chosen, design, look)
         look_meta = {"design": design.describe(), "look": str(look), "n_looks": str(design.n_looks),
                      "look_contexts": str(design.contexts(look) if look else 0),
-                     "after_look": str(len(chosen) - len(at))}
+                     "after_look": str(len(chosen) - len(at) if look else 0)}
         if look:
             chosen = at
     if BASELINE not in set(chosen["strategy"]):
