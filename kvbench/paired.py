@@ -269,6 +269,14 @@ class Look:
     p_decided: float = float("nan")  # the deciding p at ``decided_at``
     final_level: float = float("nan")  # the last look's nominal level at ``share``: what the planned n must meet
     spending: str = "O'Brien–Fleming"
+    # Undetermined: the comparison's interval at this look's level (two-sided 1 − 2 x level), endpoint units —
+    # the repeated confidence interval whose position against −margin the verdict reads (Jennison & Turnbull
+    # 2000, ch. 9); it straddles the margin exactly when the look decides nothing.
+    repeated: tuple[float, float] = (float("nan"), float("nan"))
+
+    def repeated_text(self) -> str:
+        lo, hi = self.repeated
+        return "" if math.isnan(lo) else f"[{lo:+.1f}, {hi:+.1f}]"
 
     def text(self, p_holds: float, p_fails: float = float("nan")) -> str:
         where = f"look {self.look} of {self.n_looks} ({self.contexts} contexts per task)"
@@ -278,9 +286,11 @@ class Look:
                     f"of its Holm share {_p(self.share)})")
         if not self.look:
             return "group-sequential: before the first look, no verdict"
+        rci = (f"; the repeated confidence interval at that level is {self.repeated_text()}" if self.repeated_text()
+               else "")
         return (f"group-sequential, {where}: one-sided p = {_p(p_holds)} (holds) and {_p(p_fails)} (fails), either "
                 f"needs to be below {_p(self.level)} at this look ({self.spending} boundary of its Holm share "
-                f"{_p(self.share)})")
+                f"{_p(self.share)}){rci}")
 
 
 @dataclass(frozen=True)
@@ -385,8 +395,13 @@ def noninferiority_through_looks(records: pd.DataFrame, strategies: Sequence[str
             # The direction the estimate points to sets the share shown (each direction runs its own Holm).
             rejected = held if c.estimate > -margin else failed
             share = alpha / max(len(current) - sum(1 for n in current if n in rejected), 1)
-            note = Look(**base, level=sequential.nominal_level(share, design, last) if last else float("nan"),
-                        share=share, final_level=sequential.nominal_level(share, design, design.n_looks))
+            level = sequential.nominal_level(share, design, last) if last else float("nan")
+            repeated = (float("nan"), float("nan"))
+            if last and c.test is not None:
+                lo, hi = c.test.interval(1 - 2 * level)
+                repeated = (c.scale * lo, c.scale * hi)
+            note = Look(**base, level=level, share=share, repeated=repeated,
+                        final_level=sequential.nominal_level(share, design, design.n_looks))
             verdict = UNDETERMINED
         out.append(NonInferiority(c, margin, c.p_greater(-margin), c.p_less(-margin), float("nan"), float("nan"),
                                   len(current), verdict, note))

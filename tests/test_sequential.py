@@ -112,6 +112,9 @@ def test_an_early_look_does_not_decide_what_the_fixed_n_test_would():
     (seq,) = noninferiority_through_looks(recs, ["int8"], "full", Design(150, 50))  # look 1: t = 1/3
     assert seq.verdict == claims.UNDETERMINED and seq.look.look == 1
     assert seq.p_fails == fixed.p_fails < 0.025 and seq.p_fails > seq.look.level
+    # the repeated confidence interval at the look's level straddles the margin, as the verdict says
+    lo, hi = seq.look.repeated
+    assert lo < fixed.comparison.low and lo < -1 < hi and "repeated confidence interval" in seq.text()
     # planned at the last look's level, stricter than alpha: more questions than the fixed-n plan
     assert seq.look.final_level < 0.025
     assert seq.questions_needed() > seq.comparison.questions_needed(1.0) > 0

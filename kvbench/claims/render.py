@@ -115,7 +115,7 @@ def _render_headline(check: SettingCheck, h2: str, sequential: bool = False) -> 
         h = check.headline[s]
         if not h.members:
             continue
-        p_heads = (("p (holds)", "p (fails)", "level needed (look)") if sequential
+        p_heads = (("p (holds)", "p (fails)", "level needed (look): repeated CI") if sequential
                    else ("Holm p (holds)", "Holm p (fails)"))
         lines += ["", f"{h2}# Members on {_scope_name(s)}", "",
                   "| strategy | reduction | endpoint | Δ [95% CI] | n questions / contexts / documents "
@@ -128,8 +128,9 @@ def _render_headline(check: SettingCheck, h2: str, sequential: bool = False) -> 
             need = v.questions_needed()
             if v.look is not None:
                 at = v.look.decided_at or v.look.look
+                rci = f": {v.look.repeated_text()}" if v.look.repeated_text() else ""
                 p_cells = (f"{_p_cell(v.p_holds)} | {_p_cell(v.p_fails)} | "
-                           f"{_p_cell(v.look.level)} (look {at}{', decided' if v.look.decided_at else ''})")
+                           f"{_p_cell(v.look.level)} (look {at}{', decided' if v.look.decided_at else ''}){rci}")
             else:
                 p_cells = f"{_p_cell(v.p_holds_adj)} | {_p_cell(v.p_fails_adj)}"
             lines.append(f"| `{c.a}` | {fmt.pct(reductions.get(c.a, float('nan')))} | {c.endpoint} | "
