@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
@@ -94,9 +95,14 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     if codes.shape[-1] % per:
         raise KVBenchError(
             f"{bits}-bit packing needs a last dimension divisible by {per} (got {codes.shape[-1]})")
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=codes.device)
     # The fields do not overlap, so their sum is their bitwise OR and never exceeds 255.
-    return torch.sum(codes.unflatten(-1, (-1, per)) << shifts, dim=-1, dtype=torch.uint8)
+    return torch.sum(codes.unflatten(-1, (-1, per)) << _shifts(bits, codes.device), dim=-1, dtype=torch.uint8)
+
+
+@functools.lru_cache(maxsize=16)
+def _shifts(bits: int, device: torch.device) -> torch.Tensor:
+    """Each packed field's bit offset (built once: packing runs per token and layer while decoding)."""
+    return torch.arange(0, 8, bits, dtype=torch.uint8, device=device)
 
 
 def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
@@ -249,17 +255,24 @@ def quantize_int8(x: torch.Tensor, group_size: int, axis: str = "token") -> Symm
     """
     g, dim = group_view(x.float(), group_size, axis)
     scale = g.abs().amax(dim=dim, keepdim=True) / 127.0
-    check_finite(scale)
-    _check_fp16_range(scale, "int8 scale")
+    _check_metadata(scale, "int8 scale")  # scales are >= 0 (or NaN): their largest is their largest magnitude
     scale = scale.to(SCALE_DTYPE)
     s = scale.float()
     # Groups of zeros keep scale 0 and code 0; dividing by 1 there avoids 0/0.
-    codes = torch.round(g / torch.where(s > 0, s, torch.ones_like(s))).clamp_(-127, 127)
+    codes = torch.round(g / torch.where(s > 0, s, 1.0)).clamp_(-127, 127)
     return SymmetricInt8(codes.to(torch.int8).flatten(*_group_dims(axis)), scale, axis, group_size)
 
 
-def _check_fp16_range(t: torch.Tensor, what: str) -> None:
-    if t.numel() and float(t.abs().max()) > FP16_MAX:
+def _check_metadata(magnitudes: torch.Tensor, what: str) -> None:
+    """:func:`check_finite` and the float16 range of metadata in one reduction and one host sync (a decode step
+    quantizes a token per layer and stream, so each sync counts): ``amax`` propagates NaN and inf, so a finite
+    largest magnitude means every magnitude is finite."""
+    if not magnitudes.numel():
+        return
+    peak = float(magnitudes.amax())
+    if not math.isfinite(peak):
+        raise KVBenchError("cannot quantize a tensor containing NaN or inf")
+    if peak > FP16_MAX:
         raise KVBenchError(f"{what} exceeds the float16 range (|x| <= {FP16_MAX:g}); values this large "
                            "cannot carry float16 metadata")
 
@@ -311,12 +324,11 @@ def quantize_asymmetric(x: torch.Tensor, bits: int, group_size: int, axis: str) 
     g, dim = group_view(x.float(), group_size, axis)
     levels = 2**bits - 1
     lo, hi = g.amin(dim=dim, keepdim=True), g.amax(dim=dim, keepdim=True)
-    check_finite(lo, hi)
-    _check_fp16_range(torch.maximum(lo.abs(), hi.abs()), "a value")
+    _check_metadata(torch.maximum(lo.abs(), hi.abs()), "a value")
     zero = lo.to(SCALE_DTYPE)
     scale = ((hi - lo) / levels).to(SCALE_DTYPE)
     s, z = scale.float(), zero.float()
-    codes = torch.round((g - z) / torch.where(s > 0, s, torch.ones_like(s))).clamp_(0, levels)
+    codes = torch.round((g - z) / torch.where(s > 0, s, 1.0)).clamp_(0, levels)
     codes = codes.to(torch.uint8).flatten(*_group_dims(axis))
     return AsymmetricQuant(pack_codes(codes, bits), scale, zero, bits, axis, group_size)
 

@@ -105,27 +105,34 @@ class ChunkList:
 
     def __init__(self) -> None:
         self.pieces: list[TokenChunk] = []
+        # Token count per piece, kept beside them: asked for several times per decode step and stream, a
+        # chunk's own count is a tensor-shape lookup each time.
+        self.lengths: list[int] = []
 
     def append(self, piece: TokenChunk) -> None:
         self.pieces.append(piece)
-        while len(self.pieces) >= 2 and self.pieces[-2].num_tokens <= self.pieces[-1].num_tokens:
+        self.lengths.append(piece.num_tokens)
+        while len(self.pieces) >= 2 and self.lengths[-2] <= self.lengths[-1]:
             last = self.pieces.pop()
             self.pieces[-1] = self.pieces[-1].cat(last)
+            n = self.lengths.pop()  # popped first: `x[-1] += x.pop()` would read the popped entry
+            self.lengths[-1] += n
 
     def merged(self) -> TokenChunk | None:
         if len(self.pieces) > 1:
             whole = self.pieces[0]
             for piece in self.pieces[1:]:
                 whole = whole.cat(piece)
-            self.pieces = [whole]
+            self.set(whole)
         return self.pieces[0] if self.pieces else None
 
     def set(self, chunk: TokenChunk | None) -> None:
         self.pieces = [] if chunk is None else [chunk]
+        self.lengths = [] if chunk is None else [chunk.num_tokens]
 
     @property
     def num_tokens(self) -> int:
-        return sum(p.num_tokens for p in self.pieces)
+        return sum(self.lengths)
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for p in self.pieces for t in p.tensors()]
@@ -193,8 +200,10 @@ class Stream:
         start = self.quantized
         piece = self.encode(self.r[..., :n, :])
         self.chunks.append(piece)
-        # A copy, not a slice: a slice would keep the whole pre-flush buffer alive.
-        self.r = self.r[..., n:, :].clone(memory_format=torch.contiguous_format)
+        # A copy, not a slice: a slice would keep the whole pre-flush buffer alive (nothing left: a new
+        # empty tensor, which is all a copy of nothing is, without the copy's dispatch).
+        rest = self.r[..., n:, :]
+        self.r = rest.clone(memory_format=torch.contiguous_format) if t > n else self.r.new_empty(rest.shape)
         if self.work is not None:
             if defer:
                 self._pending.append((start, piece))

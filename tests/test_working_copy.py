@@ -121,3 +121,26 @@ def test_select_tokens_keeps_the_decoded_values() -> None:
     k2, v2 = store.append(torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16))
     assert torch.equal(k2[..., :-1, :], gather_tokens(k, index, -2))
     assert torch.equal(v2[..., :-1, :], gather_tokens(v, index, -2))
+
+
+def test_chunk_list_counts_follow_its_pieces() -> None:
+    """The token counts :class:`ChunkList` keeps beside its pieces (so a decode step does not ask every piece)
+    stay equal to the pieces' own counts through binary-counter merges, a merge into one chunk and a reset,
+    and the pieces decode to the tokens appended, in order."""
+    from kvbench.quantizers import quantize_int8
+    from strategies._quantstore import ChunkList
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 2, 40, 16, generator=gen)
+    chunks, start = ChunkList(), 0
+    for n in (1, 1, 3, 1, 2, 5, 1, 1, 1, 8, 2, 1):
+        chunks.append(quantize_int8(x[..., start:start + n, :], 16))
+        start += n
+        assert chunks.lengths == [p.num_tokens for p in chunks.pieces] and chunks.num_tokens == start
+        assert chunks.lengths == sorted(set(chunks.lengths), reverse=True), "merged like a binary counter"
+    whole = torch.cat([p.dequantize(torch.float32) for p in chunks.pieces], dim=-2)
+    assert torch.equal(whole, quantize_int8(x[..., :start, :], 16).dequantize(torch.float32))
+    merged = chunks.merged()
+    assert merged is not None and chunks.lengths == [start] == [merged.num_tokens]
+    chunks.set(None)
+    assert chunks.lengths == [] and chunks.num_tokens == 0 and chunks.merged() is None
