@@ -41,6 +41,7 @@ AXES = ("token", "channel")
 PACKABLE_BITS = (2, 4, 8)
 FP8_FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 FP8_SCALES = ("tensor", "channel")
+NONFINITE = "cannot quantize a tensor containing NaN or inf"  # check_finite's and _check_metadata's error
 E8M0_BIAS = 127  # OCP MX shared-scale encoding: an unsigned 8-bit exponent, bias 127 (255 is NaN)
 
 
@@ -48,7 +49,7 @@ def check_finite(*stats: torch.Tensor) -> None:
     """Raise on NaN/inf. Quantizers pass per-group min/max/absmax: reductions propagate NaN and inf, and
     checking them costs a fraction of a pass over the whole tensor."""
     if not all(bool(torch.isfinite(t).all()) for t in stats):
-        raise KVBenchError("cannot quantize a tensor containing NaN or inf")
+        raise KVBenchError(NONFINITE)
 
 
 def group_view(x: torch.Tensor, group_size: int, axis: str) -> tuple[torch.Tensor, int]:
@@ -271,7 +272,7 @@ def _check_metadata(magnitudes: torch.Tensor, what: str) -> None:
         return
     peak = float(magnitudes.amax())
     if not math.isfinite(peak):
-        raise KVBenchError("cannot quantize a tensor containing NaN or inf")
+        raise KVBenchError(NONFINITE)
     if peak > FP16_MAX:
         raise KVBenchError(f"{what} exceeds the float16 range (|x| <= {FP16_MAX:g}); values this large "
                            "cannot carry float16 metadata")
