@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate the committed leaderboard of the embedded model: conf/sweep/leaderboard.yaml (every registered
-# strategy at its defaults on legal, papers and fiction, both query settings, 100 samples per task) run by
+# strategy at its defaults on legal, papers and fiction, both query settings, 100 questions per task) run by
 # `kvbench sweep`, then the leaderboard tables, claim check and plots from the result store, and a screenshot of
 # the HTML page when `chromium` is installed (scripts/setup_browser.sh).
 #

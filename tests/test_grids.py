@@ -71,22 +71,36 @@ def _old_eviction_jobs(results_dir: str) -> list[list[str]]:
 
 
 def test_leaderboard_sweep_is_the_grid_the_script_ran():
+    """Query-aware jobs are the script's (same run ids); query-agnostic ones carry 4 questions per context, 25
+    contexts per task (100 questions), a new grid by design."""
     import strategies
 
     old = _old_leaderboard_jobs()
     new = _sweep_jobs("leaderboard", ["results_dir=results"])  # the wrapper's --results-dir
-    assert len(new) == 6 and _normalized(new) == _normalized(old)
-    assert _configs(new) == _configs(old)
+    assert len(new) == 6
+    def setting(jobs: list[list[str]], value: str) -> list[list[str]]:  # the sweeper writes `True`, the script `true`
+        return [j for j in jobs if f"task.query_aware={value}" in (o.lower() for o in j)]
+
+    aware, agnostic = setting(new, "true"), setting(new, "false")
+    assert len(aware) == len(agnostic) == 3
+    old_aware = setting(old, "true")
+    assert _normalized(aware) == _normalized(old_aware) and _configs(aware) == _configs(old_aware)
+    moved = [[o if o != "task.n_samples=100" else "task.n_samples=25" for o in j] + ["task.questions_per_context=4"]
+             for j in setting(old, "false")]
+    assert _normalized(agnostic) == _normalized(moved) and _configs(agnostic) == _configs(moved)
+    infos = sweep_mod.describe_jobs(sweep_mod.load_sweep("leaderboard", extra=["results_dir=results"]))
+    assert sorted((j.n_samples, j.questions_per_context, j.n_questions) for j in infos) == \
+        [(25, 4, 100)] * 3 + [(100, 1, 100)] * 3
     # the file lists every registered strategy, in the registry's order (the labels are in the run id)
     listed = next(o for o in new[0] if o.startswith("strategies="))
     assert listed == f"strategies=[{','.join(strategies.available())}]"
     # JOBS=2 on two cores gave every run hardware.threads=1: the joblib launcher's settings, two at a time
     sw = sweep_mod.load_sweep("leaderboard", launcher="joblib", extra=["results_dir=results"])
-    assert _normalized(sw.blocks[0].jobs) == _normalized([[*job, "hardware.threads=1"] for job in old])
+    assert _normalized(sw.blocks[0].jobs) == _normalized([[*job, "hardware.threads=1"] for job in old_aware])
     assert sweep_mod.parallelism(sw) == 2
     # a setting after `--` wins over the file's launcher settings
     sw = sweep_mod.load_sweep("leaderboard", launcher="joblib", extra=["hydra.launcher.n_jobs=3", "hardware.threads=4"])
-    assert sweep_mod.parallelism(sw) == 3 and all("hardware.threads=4" in job for job in sw.blocks[0].jobs)
+    assert sweep_mod.parallelism(sw) == 3 and all("hardware.threads=4" in job for b in sw.blocks for job in b.jobs)
 
 
 def test_eviction_sweep_is_the_committed_grid(tmp_path):
@@ -124,15 +138,17 @@ def test_headline_rounds_are_the_file_s_per_round():
 
 
 def test_leaderboard_in_rounds_keeps_the_run_identity(capsys):
-    """The old ROUND=2 with N_SAMPLES=5: ceil(5 / 2) = 3 rounds, each the same job plus the round limit."""
-    rc = sweep_mod.main(["leaderboard", "--dry-run", "--per-round", "2", "--",
-                         "task=fiction", "task.query_aware=false", "task.n_samples=5"])
+    """The old ROUND=2 with N_SAMPLES=5, now in questions: the query-aware job's 5 questions and the
+    query-agnostic job's 5 contexts x 4 = 20 questions take ceil(20 / 2) = 10 rounds, each round the same two
+    jobs plus the round limit."""
+    rc = sweep_mod.main(["leaderboard", "--dry-run", "--per-round", "2", "--", "task=fiction", "task.n_samples=5"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "1 jobs in 1 multirun(s), launcher basic; 3 round(s), each job adding up to 2 samples" in out
+    assert "2 jobs in 2 multirun(s), launcher basic; 10 round(s), each job adding up to 2 samples" in out
     cmds = [ln for ln in out.splitlines() if ln.startswith("$ ")]
-    assert len(cmds) == 3 and all("task.n_samples=5" in c and "engine.max_new_samples=2" in c for c in cmds)
-    assert [c.rsplit("/", 2)[1] for c in cmds] == ["round-01", "round-02", "round-03"]
+    assert len(cmds) == 20 and all("task.n_samples=5" in c and "engine.max_new_samples=2" in c for c in cmds)
+    assert [c.rsplit("/", 2)[1] for c in cmds[:4]] == ["round-01", "round-01", "round-02", "round-02"]
+    assert sum("task.questions_per_context=4" in c for c in cmds) == 10
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -163,9 +179,9 @@ def test_reproduce_leaderboard_passes_its_arguments_to_kvbench_sweep(tmp_path):
                           env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT),
                                "RESULTS_DIR": str(tmp_path / "r")}, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert "sweep leaderboard: 2 jobs in 1 multirun(s)" in proc.stdout
+    assert "sweep leaderboard: 2 jobs in 2 multirun(s)" in proc.stdout
     cmds = [ln for ln in proc.stdout.splitlines() if ln.startswith("$ ")]
-    assert len(cmds) == 1 and f"results_dir={tmp_path / 'r'}" in cmds[0] and "task=legal" in cmds[0]
+    assert len(cmds) == 2 and all(f"results_dir={tmp_path / 'r'}" in c and "task=legal" in c for c in cmds)
     assert not (tmp_path / "r").exists()
 
 
