@@ -33,6 +33,8 @@ MARGIN_PP = 1.0
 #: One-sided level of every directional verdict: the two-sided 95% interval's end.
 ALPHA = (1 - CI_LEVEL) / 2
 HOLDS, FAILS, UNDETERMINED = "holds", "fails", "undetermined at this n"
+#: How an undetermined verdict reads once a sequential design has taken its last look (``NonInferiority.verdict_text``).
+PLANNED_N = "undetermined at the planned n"
 PRIMARY = "task accuracy"
 SECONDARY = ("gold-answer NLL, relative change", "top-1 agreement", "KL(full ‖ strategy), nats")
 
@@ -288,9 +290,22 @@ class Look:
             return "group-sequential: before the first look, no verdict"
         rci = (f"; the repeated confidence interval at that level is {self.repeated_text()}" if self.repeated_text()
                else "")
+        if self.final:
+            # The planned n is spent and no later look will be taken: "at this n" would suggest that more
+            # questions under this design could still decide it.
+            return (f"group-sequential, the design's last look ({where}: its planned n): one-sided p = "
+                    f"{_p(p_holds)} (holds) and {_p(p_fails)} (fails), neither below the last look's level "
+                    f"{_p(self.level)} ({self.spending} boundary of its Holm share {_p(self.share)}){rci}; the "
+                    "design ends undetermined: the planned contexts were too few for the observed difference and "
+                    "discordance")
         return (f"group-sequential, {where}: one-sided p = {_p(p_holds)} (holds) and {_p(p_fails)} (fails), either "
                 f"needs to be below {_p(self.level)} at this look ({self.spending} boundary of its Holm share "
                 f"{_p(self.share)}){rci}")
+
+    @property
+    def final(self) -> bool:
+        """Undecided at the design's last look: the planned n was reached without a verdict."""
+        return not self.decided_at and self.n_looks > 0 and self.look == self.n_looks
 
 
 @dataclass(frozen=True)
@@ -307,6 +322,13 @@ class NonInferiority:
     family_size: int
     verdict: str
     look: Look | None = None
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict as tables print it: an undetermined verdict at a design's last look is undetermined at the
+        planned n (no later look will be taken), not merely at this n."""
+        return PLANNED_N if self.verdict == UNDETERMINED and self.look is not None and self.look.final \
+            else self.verdict
 
     def questions_needed(self, power: float = POWER) -> int:
         """Questions that would decide this verdict (0 once decided): spec §2.4's paired count at the one-sided

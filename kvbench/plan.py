@@ -113,7 +113,7 @@ def plan_rows(check: claims.ClaimCheck) -> list[list[str]]:
                     rate = 1.0 if math.isnan(c.b_mean) else c.b_mean
                     floor = math.ceil(stats.n_zero_flips(claims.LOSS_PP / 100, round(rate, 3)) * deff)
                 docs = "?" if c.n_documents < 0 else str(c.n_documents)
-                rows.append(_row(sc.setting, "headline (<1 pt loss)", scope, c.a, m.verdict,
+                rows.append(_row(sc.setting, "headline (<1 pt loss)", scope, c.a, m.verdict_text,
                                  f"{c.n_questions} / {docs}", need, floor))
         for r in sc.scenarios:
             if r.measured:

@@ -136,6 +136,31 @@ def test_a_verdict_reached_at_a_look_is_kept():
     assert noninferiority([compare(recs, "int8", "full")])[0].verdict != claims.FAILS
 
 
+def test_undecided_at_the_last_look_is_undetermined_at_the_planned_n():
+    # 400 questions in 50 contexts, int8 loses 3 (-0.75 pp): neither direction is decided. At look 2 of 4 more
+    # looks may decide it; at the last look of a 2-look design the planned n is spent, and every table says so.
+    recs = _looked({"full": [1] * 400, "int8": [0 if i % 150 == 7 else 1 for i in range(400)],
+                    "fp8": [0 if i % 3 == 0 else 1 for i in range(400)]})
+    (last,) = noninferiority_through_looks(recs, ["int8"], "full", Design(50, 25))
+    assert last.verdict == claims.UNDETERMINED and last.look.look == last.look.n_looks == 2 and last.look.final
+    assert last.verdict_text == "undetermined at the planned n" and "the design's last look" in last.text()
+    assert "the design ends undetermined" in last.text() and last.questions_needed() > 400
+    (mid,) = noninferiority_through_looks(recs, ["int8"], "full", Design(100, 25))
+    assert mid.verdict == claims.UNDETERMINED and mid.look.look == 2 and not mid.look.final
+    assert mid.verdict_text == claims.UNDETERMINED and "planned n" not in mid.text()
+    # a verdict reached at the last look is a verdict, not "undetermined at the planned n"
+    (fp8,) = noninferiority_through_looks(recs, ["fp8"], "full", Design(50, 25))
+    assert fp8.verdict == claims.FAILS and fp8.verdict_text == claims.FAILS and not fp8.look.final
+    recs = recs.assign(dtype="float32", config_hash="abc", run_id="r-m-abc", seed=0, strategy_name=recs["strategy"],
+                       params="{}")
+    lb = build(recs[recs["strategy"] != "fp8"], design=Design(50, 25))
+    text = render_claim_check(lb)
+    assert re.search(r"\| `int8` \|.*\(look 2, the last\).*\| undetermined at the planned n \|", text)
+    assert "**undetermined at the planned n**: no strategy" in text
+    check = claims.check_claims(lb.summary, lb.meta, lb.records, design=lb.design)
+    assert {r[4] for r in plan.plan_rows(check) if r[3] == "int8"} == {"undetermined at the planned n"}
+
+
 def test_leaderboard_and_plan_judge_the_store_at_its_last_look(tmp_path, capsys):
     recs = _looked({"full": [1] * 264, "int8": [1] * 264, "fp8": [0 if i % 3 == 0 else 1 for i in range(264)]},
                    tasks=("legal", "papers"))  # 33 contexts per task

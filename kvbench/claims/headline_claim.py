@@ -27,6 +27,7 @@ from kvbench.claims.figures import (
 from kvbench.paired import (
     FAILS,
     HOLDS,
+    PLANNED_N,
     UNDETERMINED,
     NonInferiority,
     identical_scores,
@@ -59,6 +60,15 @@ class HeadlineVerdict:
     members: tuple[NonInferiority, ...] = ()  # one per strategy of the family, Holm-adjusted within it
     ties: tuple[tuple[str, ...], ...] = ()  # members with identical score vectors
     member_picks: tuple[Pick, ...] = ()  # the picks behind ``members``, in the same order
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict as printed: undetermined at the planned n once every undecided member is at its design's
+        last look."""
+        undecided = [m for m in self.members if m.verdict == UNDETERMINED]
+        if self.verdict == UNDETERMINED and undecided and all(m.verdict_text == PLANNED_N for m in undecided):
+            return PLANNED_N
+        return self.verdict
 
 
 def headline(summary: pd.DataFrame, scope: str, setting: str | None = None,
@@ -113,7 +123,7 @@ def headline(summary: pd.DataFrame, scope: str, setting: str | None = None,
     where = (f"the {fmt.pct(CLAIM_LOW)}–{fmt.pct(CLAIM_HIGH)} band" if band else
              f"no strategy in the {fmt.pct(CLAIM_LOW)}–{fmt.pct(CLAIM_HIGH)} band itself; the family is the "
              f"{len(family)} saving more")
-    named = ", ".join(f"`{p.strategy}` {v.verdict}" for p, v in by_name.values())
+    named = ", ".join(f"`{p.strategy}` {v.verdict_text}" for p, v in by_name.values())
     if verdict == HOLDS:
         text = (f"**holds**, and with confidence: {by_name[pick.strategy][1].text()} — non-inferior at "
                 f"−{LOSS_PP:g} point")
@@ -122,7 +132,9 @@ def headline(summary: pd.DataFrame, scope: str, setting: str | None = None,
                 f"point with confidence ({named})")
     else:
         v = by_name[pick.strategy][1] if pick.strategy in by_name else None
-        text = (f"**undetermined at this n**: no strategy of {where} is non-inferior with confidence ({named})"
+        # Every undecided member at its design's last look: the planned n is spent, not merely this n.
+        label = PLANNED_N if undecided and all(m.verdict_text == PLANNED_N for _, m in undecided) else UNDETERMINED
+        text = (f"**{label}**: no strategy of {where} is non-inferior with confidence ({named})"
                 + (f"; the closest, {v.text()}" if v else "")
                 + (f"; for `{needs[0][1]}`, {_needed_sentence(needed, by_name[needs[0][1]][1])}" if needed else ""))
     extras = []

@@ -54,9 +54,10 @@ def render_claims(check: ClaimCheck) -> str:
         f"\"<1% accuracy loss\" is judged as **non-inferiority** with a pre-registered margin of {LOSS_PP:g} point "
         f"(absolute) at a one-sided {ALPHA:g} level (the two-sided 95% interval's lower end above −{LOSS_PP:g}), "
         "Holm-adjusted within the claim's family (spec v1.2 §2.3). A claim **holds** (only then *with "
-        "confidence*) or **fails** when its test says so, and is **undetermined at this n** otherwise; then the "
-        "check gives the questions that would decide it (spec §2.4: Connor's paired formula at the observed "
-        "discordance, never below the n at which zero flips decide, times the design effect). *Within 1 point* "
+        "confidence*) or **fails** when its test says so, and is **undetermined at this n** otherwise (**at the "
+        "planned n** once a sequential design has taken its last look); then the check gives the questions that "
+        "would decide it (spec §2.4: Connor's paired formula at the observed discordance, never below the n at "
+        "which zero flips decide, times the design effect). *Within 1 point* "
         f"(delta > −{LOSS_PP:g} pp) and *within 1% relative* are point-estimate readings, never verdicts.",
         "",
     ]
@@ -107,7 +108,7 @@ def _render_headline(check: SettingCheck, h2: str, sequential: bool = False) -> 
         best = next((m.comparison for m in h.members if h.pick and m.comparison.a == h.pick.strategy), None)
         cell = (f"`{best.a}`: {fmt.pct(h.pick.memory_reduction)} less KV memory, {best.interval_text()} "
                 f"({best.sizes()})" if best else h.pick.cite() if h.pick else "–")
-        lines.append(f"| {_scope_name(s)} | {h.verdict} | {len(h.members)} | {_needed(h.n_needed)} | {cell} |")
+        lines.append(f"| {_scope_name(s)} | {h.verdict_text} | {len(h.members)} | {_needed(h.n_needed)} | {cell} |")
     lines.append("")
     for s in check.scopes:
         lines.append(f"- **{_scope_name(s)}**: {check.headline[s].sentence}")
@@ -129,13 +130,14 @@ def _render_headline(check: SettingCheck, h2: str, sequential: bool = False) -> 
             if v.look is not None:
                 at = v.look.decided_at or v.look.look
                 rci = f": {v.look.repeated_text()}" if v.look.repeated_text() else ""
+                state = ", decided" if v.look.decided_at else ", the last" if v.look.final else ""
                 p_cells = (f"{_p_cell(v.p_holds)} | {_p_cell(v.p_fails)} | "
-                           f"{_p_cell(v.look.level)} (look {at}{', decided' if v.look.decided_at else ''}){rci}")
+                           f"{_p_cell(v.look.level)} (look {at}{state}){rci}")
             else:
                 p_cells = f"{_p_cell(v.p_holds_adj)} | {_p_cell(v.p_fails_adj)}"
             lines.append(f"| `{c.a}` | {fmt.pct(reductions.get(c.a, float('nan')))} | {c.endpoint} | "
                          f"{c.interval_text()} | {_sizes_cell(c)} | {deff} | {c.method} | {p_cells} | "
-                         f"{v.verdict} | {_needed(need)} |")
+                         f"{v.verdict_text} | {_needed(need)} |")
         sec = check.secondary.get(s, {})
         if any(sec.values()):
             lines += ["", "Secondary endpoints (paired cluster bootstrap, no verdict): "
