@@ -71,7 +71,7 @@ def _old_eviction_jobs(results_dir: str) -> list[list[str]]:
 
 
 def test_leaderboard_sweep_is_the_grid_the_script_ran():
-    """Query-aware jobs are the script's (same run ids); query-agnostic ones carry 4 questions per context, 25
+    """Query-aware jobs are the script's (same composed configs); query-agnostic ones carry 4 questions per context, 25
     contexts per task (100 questions), a new grid by design."""
     import strategies
 
