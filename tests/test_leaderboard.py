@@ -638,3 +638,20 @@ def test_claim_check_quotes_the_command_that_measured_the_store(store_dir, tmp_p
     assert f"Measured by: {cmd}" in (tmp_path / "claim_check.md").read_text()
     assert leaderboard.main(["--results-dir", str(store_dir), "--out-dir", str(tmp_path)]) == 0
     assert "Measured by" not in (tmp_path / "claim_check.md").read_text()
+
+
+def test_pooled_documents_count_the_records_the_pooled_column_pools():
+    """Pooled columns use one context length (fiction at 2K is left out of a 4K pool): the documents shown beside
+    the pooled n are those of the pooled records, never more than the questions when each has its own document."""
+    from test_claims import _records
+
+    parts = [_records({"full": [1] * 6, "int8": [1] * 6}, task=t, context=4096, docs=[f"{t}{i}" for i in range(6)])
+             for t in ("legal", "papers")]
+    parts.append(_records({"full": [1] * 5, "int8": [1] * 5}, task="fiction", context=2048,
+                          docs=[f"f{i}" for i in range(5)]))
+    recs = pd.concat(parts, ignore_index=True).assign(
+        dtype="float32", config_hash="abc", run_id="r-m-abc", seed=0, params="{}")
+    recs["strategy_name"] = recs["strategy"]
+    table = leaderboard.build(recs).table.set_index("strategy")
+    assert table.loc["int8", "all.n"] == 12 and table.loc["int8", "all.documents"] == 12
+    assert table.loc["full", "all.documents"] == 12  # the reference row too, though it has no comparison

@@ -94,15 +94,21 @@ def _judged(rows: pd.DataFrame, setting: str, records: pd.DataFrame,
             design: sequential.Design | None = None) -> dict[str, paired.NonInferiority]:
     """paired.noninferiority verdicts (with the clustered comparison each rests on) of ``rows``' strategies
     against ``full`` on the pooled records."""
-    part = records[records["setting"] == setting] if "setting" in records else records
-    if "context_tokens" in part and part["context_tokens"].notna().any():
-        per_length = part.groupby("context_tokens")["task"].nunique()
-        part = part[part["context_tokens"] == max(per_length.index, key=lambda t: (per_length[t], t))]
+    part = at_pooled_length(records[records["setting"] == setting] if "setting" in records else records)
     ranked = [s for s, f in zip(rows["strategy"], rows["family"], strict=True) if not _offloading(f)]
     if design is not None:
         return {v.comparison.a: v for v in paired.noninferiority_through_looks(part, ranked, BASELINE, design)}
     comparisons = [c for c in (paired.compare(part, s, BASELINE) for s in ranked) if c is not None]
     return {v.comparison.a: v for v in paired.noninferiority(comparisons)}
+
+
+def at_pooled_length(records: pd.DataFrame) -> pd.DataFrame:
+    """``records`` at the one context length pooled columns use (spec v1.2 §2.3): the length most tasks were
+    measured at, the longest on a tie; all of them when no length is recorded."""
+    if "context_tokens" not in records or not records["context_tokens"].notna().any():
+        return records
+    per_length = records.groupby("context_tokens")["task"].nunique()
+    return records[records["context_tokens"] == max(per_length.index, key=lambda t: (per_length[t], t))]
 
 
 def _offloading(family: Any) -> bool:
@@ -146,9 +152,12 @@ def _add_verdicts(table: pd.DataFrame, summary: pd.DataFrame, records: pd.DataFr
     """
     table = table.copy()
     table["section"] = [_section(s, f) for s, f in zip(table["strategy"], table["family"], strict=True)]
-    docs = _document_ids(records)
-    ndocs = (records.assign(_doc=docs).groupby(["setting", "strategy"])["_doc"].nunique()
-             if not records.empty else pd.Series(dtype=int))
+    # Documents behind the pooled column: the records it pools (one context length per setting), so the count
+    # stands beside that column's n, not beside every task's.
+    pooled = (pd.concat([at_pooled_length(g) for _, g in records.groupby("setting")]) if "setting" in records
+              else at_pooled_length(records)) if not records.empty else records
+    ndocs = (pooled.assign(_doc=_document_ids(pooled)).groupby(["setting", "strategy"])["_doc"].nunique()
+             if not pooled.empty else pd.Series(dtype=int))
     table[f"{OVERALL}.documents"] = [ndocs.get((st, s), float("nan")) for st, s in
                                      zip(table["setting"], table["strategy"], strict=True)]
     # The interval each verdict rests on (clustered, spec v1.2 §2.2) is the one the answer table shows; judged
@@ -190,8 +199,7 @@ def overall_summary(records: pd.DataFrame, tasks: Sequence[str]) -> pd.DataFrame
     the one most tasks were measured at (the longest on a tie); tasks at other lengths keep their own columns.
     """
     if "context_tokens" in records and records["context_tokens"].notna().any():
-        per_length = records.groupby("context_tokens")["task"].nunique()
-        records = records[records["context_tokens"] == max(per_length.index, key=lambda t: (per_length[t], t))]
+        records = at_pooled_length(records)
         tasks = [t for t in tasks if t in set(records["task"])]
     have = records.groupby("strategy")["task"].agg(lambda s: set(s))
     complete = [s for s, seen in have.items() if set(tasks) <= seen]
