@@ -6,6 +6,7 @@ family); the claim holds when some member holds, fails when every member fails.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -65,10 +66,14 @@ class HeadlineVerdict:
     def verdict_text(self) -> str:
         """The verdict as printed: undetermined at the planned n once every undecided member is at its design's
         last look."""
-        undecided = [m for m in self.members if m.verdict == UNDETERMINED]
-        if self.verdict == UNDETERMINED and undecided and all(m.verdict_text == PLANNED_N for m in undecided):
-            return PLANNED_N
-        return self.verdict
+        return _undetermined_label(self.members) if self.verdict == UNDETERMINED else self.verdict
+
+
+def _undetermined_label(members: Iterable[NonInferiority]) -> str:
+    """An undetermined claim's label: at the planned n when every undecided member is at its design's last look
+    (the planned n is spent), else at this n."""
+    undecided = [m for m in members if m.verdict == UNDETERMINED]
+    return PLANNED_N if undecided and all(m.verdict_text == PLANNED_N for m in undecided) else UNDETERMINED
 
 
 def headline(summary: pd.DataFrame, scope: str, setting: str | None = None,
@@ -132,8 +137,7 @@ def headline(summary: pd.DataFrame, scope: str, setting: str | None = None,
                 f"point with confidence ({named})")
     else:
         v = by_name[pick.strategy][1] if pick.strategy in by_name else None
-        # Every undecided member at its design's last look: the planned n is spent, not merely this n.
-        label = PLANNED_N if undecided and all(m.verdict_text == PLANNED_N for _, m in undecided) else UNDETERMINED
+        label = _undetermined_label(m for _, m in undecided)
         text = (f"**{label}**: no strategy of {where} is non-inferior with confidence ({named})"
                 + (f"; the closest, {v.text()}" if v else "")
                 + (f"; for `{needs[0][1]}`, {_needed_sentence(needed, by_name[needs[0][1]][1])}" if needed else ""))

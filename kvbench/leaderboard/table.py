@@ -154,8 +154,7 @@ def _add_verdicts(table: pd.DataFrame, summary: pd.DataFrame, records: pd.DataFr
     table["section"] = [_section(s, f) for s, f in zip(table["strategy"], table["family"], strict=True)]
     # Documents behind the pooled column: the records it pools (one context length per setting), so the count
     # stands beside that column's n, not beside every task's.
-    pooled = (pd.concat([at_pooled_length(g) for _, g in records.groupby("setting")]) if "setting" in records
-              else at_pooled_length(records)) if not records.empty else records
+    pooled = pd.concat([at_pooled_length(g) for _, g in records.groupby("setting")]) if not records.empty else records
     ndocs = (pooled.assign(_doc=_document_ids(pooled)).groupby(["setting", "strategy"])["_doc"].nunique()
              if not pooled.empty else pd.Series(dtype=int))
     table[f"{OVERALL}.documents"] = [ndocs.get((st, s), float("nan")) for st, s in
