@@ -18,7 +18,7 @@ strategies and ``channel_sparse``'s pruning need a capture, and ``quant_recomput
 tree is measured in its own process (``PYTHONPATH`` set to it), the two alternating ``--rounds`` times, and the
 faster of each tree's rounds is kept, so load that comes and goes falls on both. Every step's output is summed into
 a checksum, which must agree between the trees (the change being measured kept the K/V attention reads).
-Writes ``results/perf/stores.md`` and ``stores.csv``.
+Writes ``results/perf/stores.md`` and ``stores.csv`` (``--tag _x``: ``stores_x.md``, ``stores_x.csv``).
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--before", type=Path, help="another checkout to measure side by side (e.g. the parent commit)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "perf")
+    ap.add_argument("--tag", default="", help="suffix of the output names: stores<tag>.md, stores<tag>.csv")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     names = [n for n in args.strategies.split(",") if n]
@@ -146,7 +147,7 @@ def main() -> None:
         rows.append(row)
     frame = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(args.out / "stores.csv", index=False)
+    frame.to_csv(args.out / f"stores{args.tag}.csv", index=False)
     load = os.getloadavg()[0]
     header = (f"# KV store work per decode step (measured by `scripts/bench_stores.py`)\n\n"
               f"The stores alone, no model: {SHAPE['layers']} layers x {SHAPE['kv_heads']} KV heads x head_dim "
@@ -158,7 +159,7 @@ def main() -> None:
               "weights) copied before each layer's store step, untimed, as a decode step's GEMVs stream them "
               "between two store steps, so the store's tensors and objects are no longer in the CPU caches. "
               f"`same reads`: the checksum of every K/V a step returned is equal in both trees.\n\n")
-    (args.out / "stores.md").write_text(header + frame.to_markdown(index=False) + "\n")
+    (args.out / f"stores{args.tag}.md").write_text(header + frame.to_markdown(index=False) + "\n")
     print(header + frame.to_markdown(index=False))
 
 
