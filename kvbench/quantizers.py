@@ -145,6 +145,13 @@ class TokenChunk(ABC):
         return dataclasses.replace(self, **{  # type: ignore[type-var]
             f: gather_tokens(getattr(self, f), index, d) for f, d in self.TOKEN_DIMS.items()})
 
+    def narrow(self, start: int, length: int) -> TokenChunk:
+        """Tokens ``start .. start + length - 1`` in storage of their own, for formats whose every ``TOKEN_DIMS``
+        field has one entry per token (what encoding those tokens alone gives, for token-wise formats)."""
+        return dataclasses.replace(self, **{  # type: ignore[type-var]
+            f: getattr(self, f).narrow(d, start, length).clone(memory_format=torch.contiguous_format)
+            for f, d in self.TOKEN_DIMS.items()})
+
     def tensors(self) -> list[torch.Tensor]:
         return [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
 
@@ -195,6 +202,11 @@ class GroupedChunk(TokenChunk):
         return dataclasses.replace(self, **{  # type: ignore[type-var]
             f: torch.cat([getattr(self, f), getattr(other, f)], dim=d) for f, d in self.TOKEN_DIMS.items()},
             group_index=_index_tensor(rows, n_groups + getattr(other, self.META[0]).shape[-3]))
+
+    def narrow(self, start: int, length: int) -> TokenChunk:
+        if self.axis != "token" or self.group_index is not None:
+            raise KVBenchError("only token-axis groups have metadata per token to narrow")
+        return super().narrow(start, length)
 
     def take(self, index: torch.Tensor) -> TokenChunk:
         if self.axis == "token":

@@ -12,7 +12,9 @@ once (the engine's shared capture) and every row decodes from that same prefill:
   the model's own runtime, no kvbench code in the step;
 * ``bare transformers (kvbench attention)`` — the same with ``attn_implementation="kvbench"``;
 * ``full (sdpa)`` / ``full (kvbench attention)`` — kvbench's ``full`` store under each attention;
-* every strategy at its defaults (``strategy=<name>``), under the engine's own choice (``engine.attention=auto``).
+* every strategy at its defaults (``strategy=<name>``), under the engine's own choice (``engine.attention=auto``);
+* ``model GEMVs alone (floor)`` — only the model's ``nn.Linear`` layers on one row each, no attention or cache:
+  what the model's own matrix-vector products cost on this machine, a floor under every other row.
 
 Each row feeds the question, then ``--steps`` greedy tokens (EOS does not stop it, so every row times the same
 number of steps), and reports the median milliseconds of the decode steps. The rows take their steps in turn
@@ -99,6 +101,24 @@ def bare_row(engine: Engine, pre: Any, impl: str) -> Row:
     return Row(f"bare transformers ({impl})", "bare", impl, step, kv_bytes=held_bytes([*pre.keys, *pre.values]))
 
 
+def gemv_floor_row(engine: Engine) -> Row:
+    """The model's own single-row GEMVs and nothing else: every ``nn.Linear`` of the model (projections, MLPs,
+    LM head), in module order, applied to one row in the model dtype with its own weights. No attention, cache,
+    norm or activation: a lower bound on any decode step of this model on this machine, whatever the cache."""
+    linears = [m for m in engine.model.modules() if isinstance(m, torch.nn.Linear)]
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    dtype = linears[0].weight.dtype
+    rows = {n: torch.randn(1, n, generator=gen).to(engine.device, dtype) for n in {m.in_features for m in linears}}
+
+    def step(tokens: list[int]) -> torch.Tensor:
+        out = torch.empty(0)
+        for m in linears:
+            out = torch.nn.functional.linear(rows[m.in_features], m.weight, m.bias)
+        return out[None]  # the LM head's row, shaped like logits
+
+    return Row("model GEMVs alone (floor)", "floor", NAME, step)  # attention unused: the step has none
+
+
 def kvbench_row(engine: Engine, name: str, kind: str, strategy: Any, sample: Any, pre: Any, impl: str) -> Row:
     """A strategy's cache built from the capture as the engine builds it, stepped by ``Engine.forward``."""
     engine.bind(strategy, sample.prefix_ids)
@@ -162,7 +182,7 @@ def main() -> None:
             strats = [registry.build(n, strategy_params(n)) for n in names]
             with torch.inference_mode():
                 pre = engine.capture(torch.tensor([sample.prefix_ids]), query_window_for(strats))
-            rows = [bare_row(engine, pre, "sdpa"), bare_row(engine, pre, NAME)]
+            rows = [bare_row(engine, pre, "sdpa"), bare_row(engine, pre, NAME), gemv_floor_row(engine)]
             rows += [kvbench_row(engine, f"full ({impl})", "full", registry.build("full"), sample, pre, impl)
                      for impl in ("sdpa", NAME)]
             rows += [kvbench_row(engine, n, "strategy", s, sample, pre, auto)
@@ -222,7 +242,8 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, bandwidth: float
             lines.append(f"| {r.row} | {r.cpu_ms_median:.1f} | {r.cpu_ms_vs_bare_sdpa:.2f}x | "
                          f"{r.cpu_ms_vs_full:.2f}x | {r.cpu_ms_vs_limit:.1f}x | "
                          f"{r.ms_median:.1f} [{r.ms_min:.1f}, {r.ms_max:.1f}] | "
-                         f"{r.kv_bytes / 1e6:.1f} | {'yes' if r.tokens_equal else 'no'} |")
+                         f"{r.kv_bytes / 1e6:.1f} | "
+                         f"{'n/a' if r.kind == 'floor' else 'yes' if r.tokens_equal else 'no'} |")
         lines.append("")
     lines += ["## Targets (issue 23), in CPU time", ""]
     for (dtype, context), g in df.groupby(key, sort=False):
@@ -233,6 +254,9 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, bandwidth: float
             hit = g[g.row == name]
             if len(hit):
                 part.append(f"{name} {hit.cpu_ms_vs_full.iloc[0]:.2f}x `full` (target <= 1.2x)")
+        floor = g[g.kind == "floor"].iloc[0]
+        part.append(f"the model's GEMVs alone {floor.cpu_ms_vs_limit:.1f}x the limit ({floor.ms_vs_limit:.1f}x in "
+                    f"wall time; `full` {full.ms_vs_limit:.1f}x)")
         lines.append("* " + "; ".join(part) + ".")
     atomic_write_text(out / f"decode{args.tag}.md", "\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)

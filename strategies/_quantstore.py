@@ -139,18 +139,34 @@ class ChunkList:
 
 
 class Stream:
-    """One tensor (K or V): a quantized chunk of the oldest tokens, an exact residual, an optional working copy."""
+    """One tensor (K or V): a quantized chunk of the oldest tokens, an exact residual, an optional working copy.
+
+    ``token_wise``: ``encode`` quantizes every token on its own (groups within a token), so a token's codes do
+    not depend on which tokens it is encoded with. Such a stream with a residual window (``keep > 0``) encodes
+    its whole residual in one batch when a small flush comes due and serves the next flushes from that batch
+    (:meth:`_oldest`): a decode step then slices one token's codes and decoded rows instead of running the
+    quantizer's and dequantizer's few dozen small ops on it (KIVI's value window flushes a token per step
+    and layer). The batch is harness scratch: the chunk still holds exactly the flushed tokens, each piece in
+    storage of its own, bit for bit what encoding them one by one gives.
+    """
 
     def __init__(self, encode: Callable[[torch.Tensor], TokenChunk], keep: int, multiple: int,
-                 working: bool, offset: int = 0) -> None:
+                 working: bool, offset: int = 0, token_wise: bool = False) -> None:
         self.encode, self.keep, self.multiple = encode, keep, multiple
         self.offset = offset  # working-copy rows before this stream's tokens (a caller-managed prefix)
+        self.token_wise = token_wise
         self.chunks = ChunkList()
         self.r: torch.Tensor | None = None
         self.dtype: torch.dtype | None = None
         self.work = WorkingCopy() if working else None
-        # Flushed pieces whose working rows still hold the exact values the current step attends to.
-        self._pending: list[tuple[int, TokenChunk]] = []
+        # Flushed tokens' decoded rows, written to the working copy at the next step: until then it holds the
+        # exact values the current step attends to.
+        self._pending: list[tuple[int, torch.Tensor]] = []
+        # (codes, decoded rows) of the residual's tokens at the time they were encoded as one batch (with a
+        # working copy only: without one, the stream is the plain reference the tests compare with), and how
+        # many of them have been flushed since: batch token `_used` is residual token 0.
+        self._batch: tuple[TokenChunk, torch.Tensor] | None = None
+        self._used = 0
 
     @property
     def q(self) -> TokenChunk | None:
@@ -169,10 +185,9 @@ class Stream:
         return self.quantized + (0 if self.r is None else self.r.shape[-2])
 
     def _settle(self) -> None:
-        if self.work is not None and self._pending:
-            assert self.dtype is not None
-            for start, piece in self._pending:
-                self.work.write(self.offset + start, piece.dequantize(self.dtype))
+        if self.work is not None:
+            for start, rows in self._pending:
+                self.work.write(self.offset + start, rows)
         self._pending = []
 
     def ingest(self, x: torch.Tensor, attend_first: bool) -> torch.Tensor | None:
@@ -198,18 +213,32 @@ class Stream:
         if n <= 0:
             return False
         start = self.quantized
-        piece = self.encode(self.r[..., :n, :])
+        piece, rows = self._oldest(n)
         self.chunks.append(piece)
         # A copy, not a slice: a slice would keep the whole pre-flush buffer alive (nothing left: a new
         # empty tensor, which is all a copy of nothing is, without the copy's dispatch).
         rest = self.r[..., n:, :]
         self.r = rest.clone(memory_format=torch.contiguous_format) if t > n else self.r.new_empty(rest.shape)
         if self.work is not None:
+            assert rows is not None
             if defer:
-                self._pending.append((start, piece))
+                self._pending.append((start, rows))
             else:
-                self.work.write(self.offset + start, piece.dequantize(self.dtype))
+                self.work.write(self.offset + start, rows)
         return True
+
+    def _oldest(self, n: int) -> tuple[TokenChunk, torch.Tensor | None]:
+        """The residual's ``n`` oldest tokens encoded, and (with a working copy) decoded into the model dtype."""
+        assert self.r is not None and self.dtype is not None
+        if self.work is None or not (self.token_wise and n <= self.keep):
+            piece = self.encode(self.r[..., :n, :])
+            return piece, None if self.work is None else piece.dequantize(self.dtype)
+        if self._batch is None or self._used + n > self._batch[0].num_tokens:
+            codes = self.encode(self.r)  # every residual token, each encoded on its own
+            self._batch, self._used = (codes, codes.dequantize(self.dtype)), 0
+        codes, decoded = self._batch
+        i, self._used = self._used, self._used + n
+        return codes.narrow(i, n), decoded[..., i:i + n, :]
 
     def materialize(self) -> torch.Tensor:
         """All held tokens in the model dtype: the working copy, or one dequantization and one concatenation."""
@@ -229,6 +258,7 @@ class Stream:
         """Keep held tokens ``index`` exactly (see :meth:`QuantizedStore.select_tokens`)."""
         assert self.r is not None and self.offset == 0
         self._settle()
+        self._batch = None  # the residual is rebuilt below: batch positions no longer match its tokens
         quantized = self.quantized
         m = int((index < quantized).sum(-1).min()) if index.numel() else 0
         spill = index[..., m:]
@@ -246,6 +276,13 @@ class Stream:
 
     def tensors(self) -> list[torch.Tensor]:
         return self.chunks.tensors() + ([] if self.r is None else [self.r])
+
+    def scratch_tensors(self) -> list[torch.Tensor]:
+        """Harness scratch, never counted as held: the working copy and the encoded residual batch."""
+        if self.work is None:
+            return []
+        codes, decoded = self._batch or (None, None)
+        return self.work.tensors() + ([] if codes is None else [*codes.tensors(), decoded])
 
 
 class StreamViews:
@@ -269,6 +306,9 @@ class QuantizedStore(StreamViews, LayerStore):
 
     #: Whether a decode step attends to its own tokens before they are flushed (KIVI) or after.
     attend_before_flush = False
+    #: Whether ``encode_keys`` / ``encode_values`` quantize each token on its own (see :class:`Stream`).
+    token_wise_keys = False
+    token_wise_values = False
 
     def __init__(self, strategy: Strategy, layer_idx: int, num_layers: int, residual: int, multiple: int,
                  value_policy: tuple[int, int] | None = None) -> None:
@@ -289,8 +329,8 @@ class QuantizedStore(StreamViews, LayerStore):
     def _streams(self) -> tuple[Stream, Stream]:
         if self.ks is None or self.vs is None:
             working = working_copy_enabled(self.strategy)
-            self.ks = Stream(self.encode_keys, *self.key_policy, working)
-            self.vs = Stream(self.encode_values, *self.value_policy, working)
+            self.ks = Stream(self.encode_keys, *self.key_policy, working, token_wise=self.token_wise_keys)
+            self.vs = Stream(self.encode_values, *self.value_policy, working, token_wise=self.token_wise_values)
         return self.ks, self.vs
 
     @property
@@ -349,7 +389,7 @@ class QuantizedStore(StreamViews, LayerStore):
         return [t for s in (self.ks, self.vs) if s is not None for t in s.tensors()]
 
     def scratch_tensors(self) -> Iterable[torch.Tensor]:
-        return [t for s in (self.ks, self.vs) if s is not None and s.work is not None for t in s.work.tensors()]
+        return [t for s in (self.ks, self.vs) if s is not None for t in s.scratch_tensors()]
 
     def num_tokens(self) -> int:
         return 0 if self.ks is None else self.ks.num_tokens()
@@ -375,6 +415,7 @@ class KiviStore(QuantizedStore):
     """KIVI: keys per channel (groups of G tokens), values per token (groups of G channels), b bits."""
 
     strategy: KiviStrategy
+    token_wise_values = True
 
     def __init__(self, strategy: KiviStrategy, layer_idx: int, num_layers: int) -> None:
         r, g = strategy.residual_length, strategy.group_size

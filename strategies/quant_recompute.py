@@ -160,7 +160,7 @@ class QuantRecomputeStore(StreamViews, LayerStore):
         working = working_copy_enabled(self.strategy)
         r, g = self.cfg.residual_tokens, self.cfg.group_size
         self.ks = Stream(self._encode_keys, r, g, working, offset=segment_tokens)
-        self.vs = Stream(self._encode_values, r, 1, working, offset=segment_tokens)
+        self.vs = Stream(self._encode_values, r, 1, working, offset=segment_tokens, token_wise=True)
         if working:
             # Rows for the recomputed segment, overwritten with its exact K/V at every step.
             for stream, x in ((self.ks, keys), (self.vs, keys)):
@@ -251,7 +251,7 @@ class QuantRecomputeStore(StreamViews, LayerStore):
         return held
 
     def scratch_tensors(self) -> Iterable[torch.Tensor]:
-        return [t for s in (self.ks, self.vs) if s is not None and s.work is not None for t in s.work.tensors()]
+        return [t for s in (self.ks, self.vs) if s is not None for t in s.scratch_tensors()]
 
     def num_tokens(self) -> int:
         n = 0 if self.segment is None else self.segment.tokens

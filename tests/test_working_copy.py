@@ -75,6 +75,11 @@ def test_working_copy_is_bit_identical_and_not_counted(case: tuple[str, dict], s
     for step, ((ka, va), (kb, vb)) in enumerate(zip(out_a, out_b, strict=True)):
         assert torch.equal(ka, kb) and torch.equal(va, vb), step
     assert bytes_a == bytes_b  # kv_bytes is the format's bytes, whatever scratch is kept
+    # The held codes, metadata and residuals themselves: a stream that encodes its residual window in batches
+    # (token-wise formats, with a working copy only) holds what encoding token by token holds, bit for bit.
+    held_a, held_b = list(with_copy.tensors()), list(without.tensors())
+    assert [t.shape for t in held_a] == [t.shape for t in held_b]
+    assert all(torch.equal(a, b) for a, b in zip(held_a, held_b, strict=True))
     scratch = list(with_copy.scratch_tensors())
     assert scratch and list(without.scratch_tensors()) == []
     # The scratch holds (at least) the decoded K/V of every held token, and is never part of tensors().
