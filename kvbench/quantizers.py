@@ -70,6 +70,10 @@ def group_view(x: torch.Tensor, group_size: int, axis: str) -> tuple[torch.Tenso
 
 def gather_tokens(t: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
     """Rows ``index`` (``t.shape[:dim] + (n,)``) of ``t`` along the negative dimension ``dim``."""
+    if dim == -2:
+        rows = _take_rows(t, index)
+        if rows is not None:
+            return rows
     trailing = t.shape[dim + 1:] if dim != -1 else ()
     idx = index.reshape(*index.shape, *([1] * len(trailing))).expand(*index.shape, *trailing)
     idx = idx.to(device=t.device, dtype=torch.long)
@@ -77,6 +81,39 @@ def gather_tokens(t: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tenso
         # CPU gather has no float8 kernel; the bytes are moved unchanged through a uint8 view.
         return torch.gather(t.view(torch.uint8), t.dim() + dim, idx).view(t.dtype)
     return torch.gather(t, t.dim() + dim, idx)
+
+
+def _take_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor | None:
+    """:func:`gather_tokens` along ``-2`` as one ``index_select`` of whole rows, or ``None`` where ``t``'s layout
+    does not allow it.
+
+    ``torch.gather`` reads an index per *element* (the row index expanded over the last dimension), which made
+    it ~10x slower than copying the same rows on CPU (an eviction step drops one token from each layer's
+    window: 1.2 ms against 0.1 ms for [1, 3, 2048, 64] bf16). When every row is ``d`` contiguous elements and
+    every leading stride a whole number of rows — a contiguous tensor, or the held-token view of a buffer with
+    spare capacity, as the stores keep — all rows are rows of one ``[R, d]`` view of the storage, and the kept
+    ones are selected by their row numbers there. The values and their order are exactly ``gather``'s."""
+    if t.dim() < 2 or t.dtype in FP8_FORMATS.values():
+        return None
+    d = t.shape[-1]
+    lead = t.shape[:-2]
+    if (t.stride(-1) != 1 or t.stride(-2) != d or any(s % d for s in t.stride()[:-2]) or not t.numel()
+            or tuple(index.shape[:-1]) != tuple(lead) or not index.numel()):
+        return None
+    index = index.to(device=t.device, dtype=torch.long)
+    low, high = index.aminmax()
+    if int(low) < 0 or int(high) >= t.shape[-2]:
+        return None  # gather raises on it; the storage view below would read past the held rows instead
+    offsets = torch.zeros((), dtype=torch.long, device=t.device)
+    extent = t.shape[-2]
+    for i, (size, stride) in enumerate(zip(lead, t.stride()[:-2], strict=True)):
+        shape = [1] * len(lead)
+        shape[i] = size
+        offsets = offsets + torch.arange(size, device=t.device).mul_(stride // d).view(shape)
+        extent += (size - 1) * (stride // d)
+    rows = t.as_strided((extent, d), (d, 1))  # at t's storage offset; spans its first to last row
+    flat = (index + offsets[..., None]).reshape(-1)
+    return rows.index_select(0, flat).view(*lead, index.shape[-1], d)
 
 
 # -- bit packing ------------------------------------------------------------------------------------

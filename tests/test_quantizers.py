@@ -298,3 +298,24 @@ def test_every_quantizer_rejects_nan_and_inf(bad: float) -> None:
                      lambda t: quantize_fp8(t, "e5m2", torch.ones(1, 1, 1, 1))):
         with pytest.raises(KVBenchError, match="NaN or inf"):
             quantize(x)
+
+
+@settings(max_examples=60, deadline=None)
+@given(b=st.integers(1, 3), h=st.integers(1, 4), n=st.integers(1, 40), spare=st.integers(0, 9),
+       d=st.sampled_from([1, 2, 8, 16]), data=st.data(),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.uint8]))
+def test_gather_tokens_row_copy_equals_torch_gather(b, h, n, spare, d, data, dtype) -> None:
+    """``gather_tokens`` along -2 copies whole rows through a view of the storage (the fast path): on contiguous
+    tensors and on the held-token views of buffers with spare capacity it returns exactly ``torch.gather``'s
+    values, shape and order; an index past the held rows still raises rather than reading the spare ones."""
+    buf = (torch.randn(b, h, n + spare, d) * 50).to(dtype)
+    t = buf[..., :n, :] if data.draw(st.booleans()) else buf[..., :n, :].contiguous()
+    keep = data.draw(st.integers(1, n))
+    index = torch.stack([torch.randperm(n)[:keep].sort().values for _ in range(b * h)]).view(b, h, keep)
+    index = index.to(data.draw(st.sampled_from([torch.long, torch.int32, torch.int16])))
+    want = torch.gather(t, 2, index.long()[..., None].expand(b, h, keep, d))
+    got = gather_tokens(t, index, -2)
+    assert got.shape == want.shape and torch.equal(got, want)
+    if spare:
+        with pytest.raises(RuntimeError):
+            gather_tokens(t, torch.full_like(index, n), -2)
