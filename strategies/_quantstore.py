@@ -306,8 +306,9 @@ class QuantizedStore(StreamViews, LayerStore):
 
     #: Whether a decode step attends to its own tokens before they are flushed (KIVI) or after.
     attend_before_flush = False
-    #: Whether ``encode_keys`` / ``encode_values`` quantize each token on its own (see :class:`Stream`).
-    token_wise_keys = False
+    #: Whether ``encode_values`` quantizes each token on its own (see :class:`Stream`). Only a value window
+    #: (KIVI's) flushes a few tokens at a time past a residual; keys either flush whole channel groups or
+    #: quantize on arrival, where there is nothing to encode ahead.
     token_wise_values = False
 
     def __init__(self, strategy: Strategy, layer_idx: int, num_layers: int, residual: int, multiple: int,
@@ -329,7 +330,7 @@ class QuantizedStore(StreamViews, LayerStore):
     def _streams(self) -> tuple[Stream, Stream]:
         if self.ks is None or self.vs is None:
             working = working_copy_enabled(self.strategy)
-            self.ks = Stream(self.encode_keys, *self.key_policy, working, token_wise=self.token_wise_keys)
+            self.ks = Stream(self.encode_keys, *self.key_policy, working)
             self.vs = Stream(self.encode_values, *self.value_policy, working, token_wise=self.token_wise_values)
         return self.ks, self.vs
 
