@@ -300,6 +300,10 @@ class StreamViews:
     def qv(self) -> TokenChunk | None:
         return None if self.vs is None else self.vs.q
 
+    def scratch_tensors(self) -> Iterable[torch.Tensor]:
+        """Both streams' harness scratch (working copies, encoded residual batches), never counted as held."""
+        return [t for s in (self.ks, self.vs) if s is not None for t in s.scratch_tensors()]
+
 
 class QuantizedStore(StreamViews, LayerStore):
     """Quantized K/V chunks plus full-precision residuals, one :class:`Stream` per tensor."""
@@ -388,9 +392,6 @@ class QuantizedStore(StreamViews, LayerStore):
     # -- accounting ---------------------------------------------------------------------------------
     def tensors(self) -> Iterable[torch.Tensor]:
         return [t for s in (self.ks, self.vs) if s is not None for t in s.tensors()]
-
-    def scratch_tensors(self) -> Iterable[torch.Tensor]:
-        return [t for s in (self.ks, self.vs) if s is not None for t in s.scratch_tensors()]
 
     def num_tokens(self) -> int:
         return 0 if self.ks is None else self.ks.num_tokens()

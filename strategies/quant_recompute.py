@@ -250,9 +250,6 @@ class QuantRecomputeStore(StreamViews, LayerStore):
                 held.extend(stream.tensors())
         return held
 
-    def scratch_tensors(self) -> Iterable[torch.Tensor]:
-        return [t for s in (self.ks, self.vs) if s is not None for t in s.scratch_tensors()]
-
     def num_tokens(self) -> int:
         n = 0 if self.segment is None else self.segment.tokens
         return n + (0 if self.ks is None else self.ks.num_tokens())
