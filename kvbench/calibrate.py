@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None, make_evaluator: Callable[[Any], Evaluato
     p.add_argument("--n", type=int, default=DEFAULT_N, help=f"samples per trial ({DEFAULT_N})")
     p.add_argument("--max-trials", type=int, default=12, help="settings tried at most (12)")
     try:
-        args = p.parse_args(argv)
+        # Intermixed: overrides may come before, between or after the options (``task=custom --n 5 model=...``).
+        args = p.parse_intermixed_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
     try:

@@ -84,6 +84,22 @@ def test_command_prints_the_chosen_settings(tmp_path: Path, capsys):
     assert "valid: custom, legal, papers, fiction" in capsys.readouterr().err
 
 
+def test_overrides_may_follow_the_options(tmp_path: Path, capsys):
+    corpus = tmp_path / "docs"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("Some text. " * 50)
+    seen = []
+
+    def make(cfg):
+        seen.append(cfg)
+        return _stub(lambda c: 1.0)[0]
+
+    argv = ["task=custom", "--n", "3", f"task.corpus={corpus}", "--max-trials", "2", "task.distractors=1"]
+    assert calibrate.main(argv, make_evaluator=make) == 0
+    assert seen[0].task.corpus == str(corpus) and seen[0].task.n_samples == 3
+    assert f"run:    python -m kvbench task=custom task.corpus={corpus} task.distractors=1" in capsys.readouterr().out
+
+
 def test_cli_dispatches_calibrate():
     from kvbench.cli import SUBCOMMANDS
 
