@@ -75,6 +75,15 @@ def dataset_name(task_cfg: Any) -> str:
     return name
 
 
+def _query_aware(task_cfg: Any, samples: list[Sample]) -> bool:
+    """The run's setting: ``task.query_aware``, or where a task decides it (``hf``/``jsonl`` leave it unset:
+    query-agnostic when questions share a context) what its samples say."""
+    given = task_cfg.get("query_aware", None)
+    if given is None:
+        return bool(samples and samples[0].metadata.get("query_aware", False))
+    return bool(given)
+
+
 def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFrame:
     """Execute one job and return its summary table. ``strategies``: those :func:`validate_cfg` built for
     ``cfg`` (``full`` first); built here when not given."""
@@ -133,7 +142,7 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
     engine = Engine(lm, device=device, hardware=profile, run_fields={
         "run_id": run_id, "config_hash": config_hash, "model": lm.name, "task": dataset,
         "task_type": str(cfg.task.name), "hardware": hw_name, "hardware_simulated": simulated, "device": device,
-        "dtype": dtype, "seed": int(cfg.seed), "query_aware": bool(cfg.task.get("query_aware", False)),
+        "dtype": dtype, "seed": int(cfg.seed), "query_aware": _query_aware(cfg.task, samples),
         "model_path": model_path, "model_digest": model_digest,
         "task_digest": task_inputs.get("digest"), "hardware_digest": hardware_digest,
     }, working_copy=bool(cfg.engine.working_copy), attention=str(cfg.engine.attention),

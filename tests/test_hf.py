@@ -53,7 +53,7 @@ def _build(**cfg: Any) -> list:
 
 def test_longbench_saved_dataset_dict(saved_longbench):
     samples = _build(dataset=str(saved_longbench), preset="longbench")
-    assert [s.sample_id for s in samples] == [f"hf_longbench_qasper/q{k}" for k in (1, 2, 3)]
+    assert [s.sample_id for s in samples] == [f"hf_qasper/q{k}" for k in (1, 2, 3)]  # the rows' `dataset`
     long, short = samples[0], samples[1]
     assert all(s.metric == "f1" and s.max_new_tokens == 128 for s in samples)  # LongBench: qasper -> qa_f1, 128
     assert len(long.prefix_ids) == 1024 and long.metadata["truncated"]
@@ -62,7 +62,23 @@ def test_longbench_saved_dataset_dict(saved_longbench):
     assert "START" in text and "END" in text  # middle truncation keeps both ends
     assert len(short.prefix_ids) < 1024 and not short.metadata["truncated"]
     assert short.answers == ["brig", "a brig"] and "Which ship?" in ByteTokenizer().decode(short.prefix_ids)
-    assert hf.record_name({"dataset": str(saved_longbench), "preset": "longbench"}) == "hf_longbench_qasper"
+    assert hf.record_name({"dataset": str(saved_longbench), "preset": "longbench"}) == "hf_qasper"
+
+
+def test_the_task_name_does_not_depend_on_the_container(saved_longbench, tmp_path):
+    """The same rows saved with save_to_disk, as JSON Lines and as parquet under other names: one task name."""
+    rows = datasets.Dataset.from_dict(_longbench_rows())
+    rows.to_json(str(tmp_path / "qasper.jsonl"))
+    rows.to_parquet(str(tmp_path / "export.parquet"))
+    paths = [saved_longbench, tmp_path / "qasper.jsonl", tmp_path / "export.parquet"]
+    assert {hf.record_name({"dataset": str(p)}) for p in paths} == {"hf_qasper"}
+    assert {s.sample_id for p in paths for s in _build(dataset=str(p))} == {"hf_qasper/q1", "hf_qasper/q2",
+                                                                             "hf_qasper/q3"}
+    # without a `dataset` column the file or folder names it; task.dataset_name always wins
+    plain = datasets.Dataset.from_dict({k: v for k, v in _longbench_rows().items() if k != "dataset"})
+    plain.save_to_disk(str(tmp_path / "longbench_disk"))
+    assert hf.record_name({"dataset": str(tmp_path / "longbench_disk")}) == "hf_longbench_disk"
+    assert hf.record_name({"dataset": str(tmp_path / "longbench_disk"), "dataset_name": "qa"}) == "qa"
 
 
 def test_parquet_with_field_mapping_and_row_metrics(parquet_file):
@@ -174,7 +190,7 @@ def test_runs_through_the_harness(kind, saved_longbench, parquet_file, tmp_path)
     _run(["task=hf", "task.context_tokens=512", f"results_dir={results}", *args])
     store = read_store(results)
     assert set(store["strategy"].str.split("(").str[0]) == {"full", "snapkv"}
-    assert set(store["task"]) == {"hf_longbench_qasper" if kind == "saved" else "hf_my_qa"}
+    assert set(store["task"]) == {"hf_qasper" if kind == "saved" else "hf_my_qa"}
     assert set(store["metric"]) == {"f1"}
     digest = identity.task_digest("hf", {"dataset": str(saved_longbench if kind == "saved" else parquet_file)})
     assert set(store["task_digest"]) == {digest["digest"]}

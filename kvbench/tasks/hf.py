@@ -10,7 +10,14 @@ columns; presets fill it in:
   the subset (the rows' ``dataset`` column, ``task.subset`` or the file name) picks LongBench's metric
   (``dataset2metric`` of its ``eval.py``) and answer length (``dataset2maxlen``), see :data:`LONGBENCH`;
 * ``infinitebench`` (Zhang et al. 2024, github.com/OpenBMB/InfiniteBench): ``context``, ``input``, ``answer``,
-  ``id``; the subset (file name, e.g. ``passkey``) picks the metric, see :data:`INFINITEBENCH`.
+  ``id``; the subset (file name, e.g. ``passkey``) picks the metric, see :data:`INFINITEBENCH`;
+* ``scbench`` (Li et al. 2025, SCBench, github.com/microsoft/MInference/tree/main/scbench): ``context``, ``id`` and
+  ``multi_turns: [{input, answer}, ...]``, every turn a question on the same compressed context (query-agnostic,
+  ``task.shared_context`` = SCBench's multi-request or multi-turn mode); the subset (file name, e.g.
+  ``scbench_kv``) picks the metric, see :data:`SCBENCH`.
+
+Several questions per compressed context (``task.questions_per_context``, a row's ``multi_turns``): see
+:mod:`kvbench.tasks.shared`.
 
 Contexts longer than the budget are truncated in the middle (LongBench's convention: the first and last
 halves are kept), in model tokens; ``metadata`` records the original length and whether it was cut. The run
@@ -19,7 +26,6 @@ identity digests every file read and, for a saved dataset, its fingerprints (:fu
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import hashlib
 import json
@@ -30,17 +36,21 @@ from typing import Any
 from kvbench.errors import KVBenchError
 from kvbench.tasks.base import Sample, TaskInputs, register_task
 from kvbench.tasks.metrics import TEXT_METRICS
-from kvbench.tasks.prompt import build_pieces, encode, truncate_middle
+from kvbench.tasks.shared import Context, Question, group_by_text, qa_samples, sharing
 from kvbench.tasks.suite import option
 
-PRESETS = ("none", "longbench", "infinitebench")
+PRESETS = ("none", "longbench", "infinitebench", "scbench")
 FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
 #: Column names per preset: context, question, answers, id (first present wins for "none").
+#: ``turns``: a column of ``[{input, answer}, ...]`` (SCBench's ``multi_turns``), several questions on one context.
 FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
     "none": {"context": ("context",), "question": ("input", "question"), "answers": ("answers", "answer"),
-             "id": ("_id", "id")},
-    "longbench": {"context": ("context",), "question": ("input",), "answers": ("answers",), "id": ("_id",)},
-    "infinitebench": {"context": ("context",), "question": ("input",), "answers": ("answer",), "id": ("id",)},
+             "id": ("_id", "id"), "turns": ("multi_turns",)},
+    "longbench": {"context": ("context",), "question": ("input",), "answers": ("answers",), "id": ("_id",),
+                  "turns": ()},
+    "infinitebench": {"context": ("context",), "question": ("input",), "answers": ("answer",), "id": ("id",),
+                      "turns": ()},
+    "scbench": {"context": ("context",), "question": (), "answers": (), "id": ("id",), "turns": ("multi_turns",)},
 }
 
 #: LongBench subset -> (metric, max new tokens). Metrics follow LongBench's ``dataset2metric``: ``qa_f1_score``
@@ -65,16 +75,38 @@ INFINITEBENCH: dict[str, tuple[str, int]] = {
     "code_run": ("substring", 5),
 }
 
+#: SCBench subset -> (metric, max new tokens), from its ``compute_scores.py`` and ``DATA_NAME_TO_MAX_NEW_TOKENS``:
+#: the key-value, passkey, math-find, many-shot and English QA scorers check the gold in the reply (``substring``),
+#: ``scbench_vt`` is ``string_match_all``, summaries ROUGE-L (SCBench: ROUGE-Lsum); the multiple-choice scorer
+#: (first letter or option text) becomes ``substring``. ``scbench_repoqa`` (pass@1 over a similarity threshold)
+#: and ``scbench_qa_chn`` (character F1) have no kvbench metric (None): they run once ``task.metric`` is set.
+#: The two multi-task subsets name each turn's ``task``; their turns use that subset's entry.
+SCBENCH: dict[str, tuple[str | None, int]] = {
+    "scbench_kv": ("substring", 150), "scbench_kv_hard": ("substring", 150),
+    "scbench_kv_compressible": ("substring", 150), "scbench_hashhop": ("substring", 150),
+    "scbench_prefix_suffix": ("substring", 150), "scbench_passkey": ("substring", 15),
+    "scbench_qa_eng": ("substring", 40), "scbench_choice_eng": ("substring", 40), "scbench_mf": ("substring", 5),
+    "scbench_many_shot": ("substring", 10), "scbench_vt": ("string_match_all", 30),
+    "scbench_summary": ("rouge_l", 200), "scbench_summary_with_needles": ("rouge_l", 800),
+    "scbench_repoqa_and_kv": ("substring", 80), "scbench_repoqa": (None, 1024), "scbench_qa_chn": (None, 40),
+}
+
 HF_DEFAULTS: dict[str, Any] = {
     "preset": "none",
     "subset": None,  # LongBench/InfiniteBench subset (None: the rows' `dataset` column, else the file name)
     "split": None,  # DatasetDict split (None: `test` if present, else the only split)
     "context_field": None, "question_field": None, "answers_field": None, "id_field": None,
+    "turns_field": None,  # a column of [{input, answer}, ...] per row (null: the preset's, `multi_turns`)
     "metric_field": None,  # a column naming each row's metric
     "metric": None,  # None: the preset's metric for the subset, else `substring`
     "context_tokens": 2048,
     "n_samples": 10,
-    "query_aware": True,
+    # null: false when questions share a context (questions_per_context > 1, or a row's turns), else true
+    "query_aware": None,
+    # K questions per compressed context: rows with the same context text are one context (its first K
+    # questions); a row's turns are its questions (null: every turn of a turns row, else 1)
+    "questions_per_context": None,
+    "shared_context": "multi_request",  # multi_request | multi_turn: SCBench's two modes (kvbench/tasks/shared.py)
     "max_new_tokens": None,  # None: the preset's answer length for the subset, else 32
     "instruction": "Read the context and answer the question concisely.",
     "answer_prefix": "",
@@ -229,28 +261,39 @@ def _preset_metric(preset: str, subset: str | None) -> tuple[str | None, int | N
             raise KVBenchError(f"InfiniteBench subset {subset!r} has no kvbench metric (set task.subset or "
                                f"task.metric); valid: {', '.join(INFINITEBENCH)}")
         return INFINITEBENCH[subset]
+    if preset == "scbench":
+        name = subset if subset is None or subset.startswith("scbench_") else f"scbench_{subset}"
+        metric, max_new = SCBENCH.get(str(name), (None, 0))
+        if metric is None:
+            raise KVBenchError(f"SCBench subset {subset!r} has no kvbench metric (set task.subset or task.metric); "
+                               f"scored: {', '.join(k for k, v in SCBENCH.items() if v[0])}")
+        return metric, max_new
     return None, None
 
 
-def record_name(cfg: Any) -> str:
-    """The name records carry as ``task``: ``task.dataset_name``, else ``hf_<subset or file stem>``."""
+def record_name(cfg: Any, rows: Any = None) -> str:
+    """The name records carry as ``task``: ``task.dataset_name``, else ``hf_<subset>`` (:func:`subset_name`:
+    ``task.subset``, else the rows' ``dataset`` column, else the file or folder name), so the same rows read
+    from a JSON Lines file or a ``save_to_disk`` folder carry one name."""
     given = cfg.get("dataset_name", None)
     if given:
         return str(given)
-    return f"hf_{subset_name(cfg) or 'dataset'}"
+    return f"hf_{subset_name(cfg, load(cfg) if rows is None else rows) or 'dataset'}"
 
 
 @register_task("hf", inputs=TaskInputs(digest=lambda cfg: dataset_digest(cfg), located_by=("dataset",)))
 def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
-    """One sample per row (the first ``n_samples`` rows, in dataset order)."""
+    """One context per row (the first ``n_samples``, in dataset order); with ``questions_per_context`` > 1,
+    rows sharing a context's text are one context (:mod:`kvbench.tasks.shared`)."""
     preset = str(option(cfg, "preset", HF_DEFAULTS))
     if preset not in PRESETS:
         raise KVBenchError(f"unknown task.preset {preset!r}; valid: {', '.join(PRESETS)}")
     rows = load(cfg)
     columns = list(rows.column_names)
     ctx_f = _field(cfg, preset, "context", columns, True)
-    q_f = _field(cfg, preset, "question", columns, False)
-    a_f = _field(cfg, preset, "answers", columns, True)
+    t_f = _field(cfg, preset, "turns", columns, preset == "scbench")
+    q_f = None if t_f else _field(cfg, preset, "question", columns, False)
+    a_f = None if t_f else _field(cfg, preset, "answers", columns, True)
     id_f = _field(cfg, preset, "id", columns, False)
     m_f = cfg.get("metric_field", None)
     if m_f and m_f not in columns:
@@ -265,46 +308,62 @@ def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
         p_metric, p_max_new = None, None
     metric = str(given or p_metric or "substring")
     max_new = int(cfg.get("max_new_tokens", None) or p_max_new or 32)
-    context_tokens = int(option(cfg, "context_tokens", HF_DEFAULTS))
+    k, query_aware, mode = sharing(cfg, t_f is not None)
     n = int(option(cfg, "n_samples", HF_DEFAULTS))
-    query_aware = bool(option(cfg, "query_aware", HF_DEFAULTS))
-    instruction = str(option(cfg, "instruction", HF_DEFAULTS))
-    answer_prefix = str(option(cfg, "answer_prefix", HF_DEFAULTS))
-    seed = int(option(cfg, "seed", HF_DEFAULTS))
-    name = record_name(cfg)
+    name = record_name(cfg, rows)
+    source = Path(_path(cfg)).name
+    base = {"task": name, "variant": "qa", "seed": int(option(cfg, "seed", HF_DEFAULTS)), "preset": preset,
+            "subset": subset, "depth": None, "needle_token_index": None, "distractors": 0}
 
-    samples = []
-    for i, row in enumerate(rows.select(range(min(n, len(rows))))):
-        context = row[ctx_f]
-        if not isinstance(context, str):
-            raise KVBenchError(f"row {i}: column {ctx_f!r} is not text")
-        question = "" if q_f is None or row[q_f] is None else str(row[q_f])
-        row_metric = str(row[m_f]) if m_f else metric
-        if row_metric not in TEXT_METRICS:
-            raise KVBenchError(f"row {i}: metric {row_metric!r} is not valid; valid: {', '.join(TEXT_METRICS)}")
-        answers = _answers(row[a_f], i)
-        pieces = build_pieces(tokenizer, question, answer_prefix, instruction, document_label="Context")
-        if not question:  # summarisation / code completion rows ask nothing beyond the instruction
-            pieces = dataclasses.replace(pieces, question=[])
-        budget = pieces.document_budget(context_tokens, query_aware)
-        if budget < 1:
-            raise KVBenchError(f"task.context_tokens={context_tokens} leaves no room for row {i}'s context "
-                               f"after its {context_tokens - budget}-token prompt and question")
-        ctx_ids = encode(tokenizer, context)
-        prefix, query = pieces.assemble(truncate_middle(ctx_ids, budget), query_aware)
+    def row_key(i: int, row: dict[str, Any]) -> Any:
         row_id = row[id_f] if id_f else None
-        samples.append(Sample(
-            sample_id=f"{name}/{row_id}" if row_id not in (None, "") else f"{name}/{i:04d}",
-            prefix_ids=prefix, query_ids=query, gold_ids=pieces.gold_ids(tokenizer, answers[0]),
-            answers=answers, metric=row_metric, max_new_tokens=max_new,
-            metadata={
-                "task": name, "variant": "qa", "template": pieces.template, "seed": seed, "index": i,
-                "preset": preset, "subset": subset, "context_tokens": len(prefix), "query_aware": query_aware,
-                "depth": None, "needle_token_index": None, "distractors": 0,
-                "source_docs": [f"{Path(_path(cfg)).name}:{row_id if row_id not in (None, '') else i}"],
-                "original_context_tokens": len(ctx_ids), "truncated": len(ctx_ids) > budget,
-                "truncation": "middle", "question": question,
-            }))
+        return row_id if row_id not in (None, "") else f"{i:04d}"
+
+    def row_metric(i: int, row: dict[str, Any]) -> str:
+        value = str(row[m_f]) if m_f else metric
+        if value not in TEXT_METRICS:
+            raise KVBenchError(f"row {i}: metric {value!r} is not valid; valid: {', '.join(TEXT_METRICS)}")
+        return value
+
+    def context_of(i: int, row: dict[str, Any]) -> str:
+        if not isinstance(row[ctx_f], str):
+            raise KVBenchError(f"row {i}: column {ctx_f!r} is not text")
+        return row[ctx_f]
+
+    contexts = []
+    if t_f:  # one row, one context, several turns
+        for i, row in enumerate(rows.select(range(min(n, len(rows))))):
+            key = row_key(i, row)
+            turns = _turns(row[t_f], i, k)
+            questions = []
+            for j, turn in enumerate(turns):
+                t_metric, t_max = _turn_metric(turn, preset, given, metric, max_new, m_f, i)
+                questions.append(Question(
+                    sample_id=f"{name}/{key}/q{j}", text=_turn_text(turn), answers=_answers(turn.get("answer"), i),
+                    metric=row_metric(i, row) if m_f else t_metric, max_new_tokens=t_max,
+                    metadata={**base, "index": i, "source_docs": [f"{source}:{key}"]}))
+            contexts.append(Context(context_of(i, row), questions, context_id=f"{name}/{key}"))
+    else:
+        if (k or 1) > 1:
+            texts = [r if isinstance(r, str) else "" for r in rows[ctx_f]]
+            groups = group_by_text(texts, int(k or 1), n)
+        else:
+            groups = [[i] for i in range(min(n, len(rows)))]
+        for group in groups:
+            questions = []
+            for i in group:
+                row = rows[i]
+                key = row_key(i, row)
+                questions.append(Question(
+                    sample_id=f"{name}/{key}", text="" if q_f is None or row[q_f] is None else str(row[q_f]),
+                    answers=_answers(row[a_f], i), metric=row_metric(i, row), max_new_tokens=max_new,
+                    metadata={**base, "index": i, "source_docs": [f"{source}:{key}"]}))
+            first = rows[group[0]]
+            shared_id = f"{name}/context/{row_key(group[0], first)}" if (k or 1) > 1 else None
+            contexts.append(Context(context_of(group[0], first), questions, context_id=shared_id))
+    samples = qa_samples(contexts, tokenizer, context_tokens=int(option(cfg, "context_tokens", HF_DEFAULTS)),
+                         query_aware=query_aware, instruction=str(option(cfg, "instruction", HF_DEFAULTS)),
+                         answer_prefix=str(option(cfg, "answer_prefix", HF_DEFAULTS)), mode=mode)
     if not samples:
         raise KVBenchError(f"task.dataset={_path(cfg)!r} holds no rows")
     dupes = sorted(sid for sid, c in Counter(s.sample_id for s in samples).items() if c > 1)
@@ -312,3 +371,36 @@ def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
         raise KVBenchError(f"duplicate ids in {_path(cfg)}: {', '.join(dupes[:10])}; give every row a unique id "
                            "(task.id_field) or set task.id_field to a unique column")
     return samples
+
+
+def _turns(value: Any, i: int, k: int | None) -> list[dict[str, Any]]:
+    """A row's ``multi_turns`` (a list of ``{input, answer, ...}``), its first ``k`` when given."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            value = None
+    if not isinstance(value, list) or not value or not all(isinstance(t, dict) and "input" in t for t in value):
+        raise KVBenchError(f"row {i}: multi_turns must be a non-empty list of {{input, answer}} objects")
+    return value[:k] if k else value
+
+
+def _turn_text(turn: dict[str, Any]) -> str:
+    """The turn's question; a multiple-choice turn lists its options as SCBench's prompt does."""
+    text = str(turn["input"] or "")
+    options = turn.get("options") or []
+    if options:
+        text += "".join(f"\n{letter}. {o}" for letter, o in zip("ABCDEFGH", options, strict=False))
+    return text
+
+
+def _turn_metric(turn: dict[str, Any], preset: str, given: Any, metric: str, max_new: int, m_f: Any,
+                 i: int) -> tuple[str, int]:
+    """A turn's metric and answer length: SCBench's multi-task subsets name each turn's ``task``."""
+    sub = turn.get("task")
+    if preset != "scbench" or not sub or given or m_f:
+        return metric, max_new
+    if sub not in SCBENCH or SCBENCH[sub][0] is None:
+        raise KVBenchError(f"row {i}: SCBench turn task {sub!r} has no kvbench metric; set task.metric "
+                           f"(scored: {', '.join(k for k, v in SCBENCH.items() if v[0])})")
+    return SCBENCH[sub][0], SCBENCH[sub][1]

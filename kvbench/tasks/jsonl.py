@@ -1,7 +1,9 @@
 """``jsonl``: LongBench/RULER-style question answering from a JSON Lines file.
 
 Each row has ``context``, a question in ``input`` or ``question``, and ``answers`` (a list) or
-``answer`` (a string); an optional ``id``/``_id`` must be unique. Records name the dataset by
+``answer`` (a string); an optional ``id``/``_id`` must be unique. A row may instead carry several questions on
+its context as ``multi_turns: [{input, answer}, ...]`` (SCBench's layout); ``task.questions_per_context`` groups
+rows that repeat one context (:mod:`kvbench.tasks.shared`). Records name the dataset by
 ``task.dataset_name`` (default: the file's stem). The file is read line by line as UTF-8 JSON objects
 (no cache in between: the run identity hashes the same bytes the samples come from). Contexts longer
 than the budget are truncated in the middle (LongBench convention: the start and end of a document
@@ -19,14 +21,16 @@ from typing import Any
 from kvbench.errors import KVBenchError
 from kvbench.tasks.base import Sample, TaskInputs, register_task
 from kvbench.tasks.metrics import TEXT_METRICS
-from kvbench.tasks.prompt import build_pieces, encode, truncate_middle
+from kvbench.tasks.shared import Context, Question, group_by_text, qa_samples, sharing
 from kvbench.tasks.suite import option
 
 JSONL_DEFAULTS: dict[str, Any] = {
     "context_tokens": 2048,
     "n_samples": 10,
     "metric": "substring",
-    "query_aware": True,
+    "query_aware": None,  # null: false when questions share a context (kvbench/tasks/shared.py), else true
+    "questions_per_context": None,  # K > 1: rows with the same context text are one context (null: 1; a row's turns)
+    "shared_context": "multi_request",  # multi_request | multi_turn: how a context's questions are asked
     "max_new_tokens": 32,
     "instruction": "Read the context and answer the question concisely.",
     "answer_prefix": "",
@@ -67,51 +71,63 @@ def _answers(row: dict[str, Any], i: int) -> list[str]:
 
 @register_task("jsonl", inputs=TaskInputs(files=("path",)))
 def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
-    """One sample per row (the first ``n_samples`` rows, in file order)."""
+    """One context per row (the first ``n_samples``, in file order); with ``questions_per_context`` > 1, rows
+    sharing a context's text are one context, and a row's ``multi_turns`` are its questions
+    (:mod:`kvbench.tasks.shared`)."""
     path = cfg.get("path", None)
     if not path or path == "???":
         raise KVBenchError("task jsonl needs task.path=<file.jsonl>")
     metric = str(option(cfg, "metric", JSONL_DEFAULTS))
     if metric not in TEXT_METRICS:
         raise KVBenchError(f"task.metric={metric!r} is not valid for jsonl; valid: {', '.join(TEXT_METRICS)}")
-    context_tokens = int(option(cfg, "context_tokens", JSONL_DEFAULTS))
     n = int(option(cfg, "n_samples", JSONL_DEFAULTS))
-    query_aware = bool(option(cfg, "query_aware", JSONL_DEFAULTS))
     max_new = int(option(cfg, "max_new_tokens", JSONL_DEFAULTS))
-    instruction = str(option(cfg, "instruction", JSONL_DEFAULTS))
-    answer_prefix = str(option(cfg, "answer_prefix", JSONL_DEFAULTS))
-    seed = int(option(cfg, "seed", JSONL_DEFAULTS))
+    all_rows = _rows(str(path))
+    turns = any("multi_turns" in r for r in all_rows[:n])
+    k, query_aware, mode = sharing(cfg, turns)
+    base = {"task": "jsonl", "variant": "qa", "seed": int(option(cfg, "seed", JSONL_DEFAULTS)), "depth": None,
+            "needle_token_index": None, "distractors": 0}
 
-    samples = []
-    for i, row in enumerate(_rows(str(path))[:n]):
-        context = row.get("context")
-        if not isinstance(context, str):
+    def context_of(i: int, row: dict[str, Any]) -> str:
+        if not isinstance(row.get("context"), str):
             raise KVBenchError(f"row {i} of {path} has no string 'context'")
-        question = row.get("input")
-        if question is None:
-            question = row.get("question")
-        question = "" if question is None else str(question)
-        answers = _answers(row, i)
-        pieces = build_pieces(tokenizer, question, answer_prefix, instruction, document_label="Context")
-        budget = pieces.document_budget(context_tokens, query_aware)
-        if budget < 1:
-            raise KVBenchError(f"task.context_tokens={context_tokens} leaves no room for row {i}'s context "
-                               f"after its {context_tokens - budget}-token prompt and question")
-        ctx_ids = encode(tokenizer, context)
-        document = truncate_middle(ctx_ids, budget)
-        prefix, query = pieces.assemble(document, query_aware)
-        row_id = row.get("_id") or row.get("id")
-        samples.append(Sample(
-            sample_id=f"jsonl/{row_id}" if row_id else f"jsonl/{i:03d}",
-            prefix_ids=prefix, query_ids=query, gold_ids=pieces.gold_ids(tokenizer, answers[0]),
-            answers=answers, metric=metric, max_new_tokens=max_new,
-            metadata={
-                "task": "jsonl", "variant": "qa", "template": pieces.template, "seed": seed, "index": i,
-                "context_tokens": len(prefix), "query_aware": query_aware, "depth": None,
-                "needle_token_index": None, "distractors": 0, "source_docs": [f"{Path(str(path)).name}:{i}"],
-                "original_context_tokens": len(ctx_ids), "truncated": len(ctx_ids) > budget,
-                "question": question, "dataset": row.get("dataset"),
-            }))
+        return row["context"]
+
+    def question(i: int, row: dict[str, Any], sample_id: str, text: Any, answers: list[str]) -> Question:
+        return Question(sample_id=sample_id, text="" if text is None else str(text), answers=answers, metric=metric,
+                        max_new_tokens=max_new, metadata={**base, "index": i, "dataset": row.get("dataset"),
+                                                          "source_docs": [f"{Path(str(path)).name}:{i}"]})
+
+    contexts = []
+    if turns:
+        for i, row in enumerate(all_rows[:n]):
+            key = row.get("_id") or row.get("id") or f"{i:03d}"
+            items = row.get("multi_turns")
+            if not isinstance(items, list) or not items or not all(isinstance(t, dict) for t in items):
+                raise KVBenchError(f"row {i} of {path}: multi_turns must be a non-empty list of {{input, answer}}")
+            qs = [question(i, row, f"jsonl/{key}/q{j}", t.get("input", t.get("question")), _answers(t, i))
+                  for j, t in enumerate(items[:k] if k else items)]
+            contexts.append(Context(context_of(i, row), qs, context_id=f"jsonl/{key}"))
+    else:
+        if (k or 1) > 1:
+            groups = group_by_text([r.get("context") if isinstance(r.get("context"), str) else "" for r in all_rows],
+                                   int(k or 1), n)
+        else:
+            groups = [[i] for i in range(min(n, len(all_rows)))]
+        for group in groups:
+            qs = []
+            for i in group:
+                row = all_rows[i]
+                row_id = row.get("_id") or row.get("id")
+                text = row.get("input") if row.get("input") is not None else row.get("question")
+                qs.append(question(i, row, f"jsonl/{row_id}" if row_id else f"jsonl/{i:03d}", text,
+                                   _answers(row, i)))
+            first = all_rows[group[0]]
+            shared_id = f"jsonl/context/{first.get('_id') or first.get('id') or group[0]}" if (k or 1) > 1 else None
+            contexts.append(Context(context_of(group[0], first), qs, context_id=shared_id))
+    samples = qa_samples(contexts, tokenizer, context_tokens=int(option(cfg, "context_tokens", JSONL_DEFAULTS)),
+                         query_aware=query_aware, instruction=str(option(cfg, "instruction", JSONL_DEFAULTS)),
+                         answer_prefix=str(option(cfg, "answer_prefix", JSONL_DEFAULTS)), mode=mode)
     if not samples:
         raise KVBenchError(f"{path} holds no rows")
     counts = Counter(s.sample_id for s in samples)
