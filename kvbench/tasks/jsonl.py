@@ -57,6 +57,13 @@ def _rows(path: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _row_id(row: dict[str, Any]) -> str:
+    """The row's ``_id``, else its ``id`` ('' when it has neither; an id of 0 is an id)."""
+    value = row.get("_id")
+    value = row.get("id") if value in (None, "") else value
+    return "" if value is None else str(value)
+
+
 def _answers(row: dict[str, Any], i: int) -> list[str]:
     value = row.get("answers")
     if value is None:
@@ -101,7 +108,7 @@ def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
     contexts = []
     if turns:
         for i, row in enumerate(all_rows[:n]):
-            key = row.get("_id") or row.get("id") or f"{i:03d}"
+            key = _row_id(row) or f"{i:03d}"
             items = row.get("multi_turns")
             if not isinstance(items, list) or not items or not all(isinstance(t, dict) for t in items):
                 raise KVBenchError(f"row {i} of {path}: multi_turns must be a non-empty list of {{input, answer}}")
@@ -118,12 +125,12 @@ def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
             qs = []
             for i in group:
                 row = all_rows[i]
-                row_id = row.get("_id") or row.get("id")
+                row_id = _row_id(row)
                 text = row.get("input") if row.get("input") is not None else row.get("question")
                 qs.append(question(i, row, f"jsonl/{row_id}" if row_id else f"jsonl/{i:03d}", text,
                                    _answers(row, i)))
             first = all_rows[group[0]]
-            shared_id = f"jsonl/context/{first.get('_id') or first.get('id') or group[0]}" if (k or 1) > 1 else None
+            shared_id = f"jsonl/context/{_row_id(first) or group[0]}" if (k or 1) > 1 else None
             contexts.append(Context(context_of(group[0], first), qs, context_id=shared_id))
     samples = qa_samples(contexts, tokenizer, context_tokens=int(option(cfg, "context_tokens", JSONL_DEFAULTS)),
                          query_aware=query_aware, instruction=str(option(cfg, "instruction", JSONL_DEFAULTS)),
