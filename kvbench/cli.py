@@ -23,6 +23,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig
@@ -64,7 +65,7 @@ def fail(message: str, code: int = 2) -> None:
 FAILURES_ENV = "KVBENCH_MULTIRUN_FAILURES"
 
 
-def _job(cfg: DictConfig) -> None:
+def _job(cfg: DictConfig) -> Any:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -82,6 +83,7 @@ def _job(cfg: DictConfig) -> None:
         return
     if multirun:
         _point_to_run(Path(hydra_cfg.runtime.output_dir), summary.attrs.get("run_dir"))
+    return summary  # Hydra callbacks read it (kvbench.tracking: its run_dir)
 
 
 def _point_to_run(job_dir: Path, run_dir: str | None) -> None:

