@@ -29,7 +29,7 @@ import hydra
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from kvbench.config import check_overrides, conf_dir, group_options, register_configs
+from kvbench.config import GROUPS, check_overrides, conf_dir, group_options, register_configs
 from kvbench.errors import KVBenchError
 
 SUBCOMMANDS = {
@@ -160,7 +160,7 @@ def _hydra_entry() -> Callable[[], None]:
 
 
 def help_text() -> str:
-    groups = "\n".join(f"  {g:<9} {', '.join(group_options(g))}" for g in ("strategy", "task", "model", "hardware"))
+    groups = "\n".join(f"  {g:<9} {', '.join(group_options(g))}" for g in GROUPS)
     tools = "\n".join(f"  kvbench {name:<12} {text}" for name, text in SUBCOMMAND_HELP.items())
     return f"""kvbench: benchmark KV-cache strategies (quantization, eviction, tiering, recompute) for memory, latency
 and accuracy on long documents.
