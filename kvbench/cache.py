@@ -180,6 +180,15 @@ class KVBenchCache(Cache):
     def kv_bytes_fp16(self) -> int:
         """The same tokens as a dense 16-bit cache (measurement spec §1 ``kv_bytes_fp16``): every token seen by a
         global layer, at most ``window - 1`` by a sliding-window layer (what a dense sliding cache holds)."""
+        return self._dense_bytes(lambda layer: REFERENCE_BYTES_PER_ELEMENT)
+
+    def kv_bytes_dense(self) -> int:
+        """The same tokens as the dense cache the model itself keeps, in its own K/V dtype (spec §1
+        ``kv_bytes_dense``, the reference of ``memory_reduction``): on a 16-bit model it equals
+        :meth:`kv_bytes_fp16`; on a float32 model it is twice that, so ``full`` saves 0%, not −100%."""
+        return self._dense_bytes(lambda layer: torch.empty((), dtype=layer.dtype).element_size())
+
+    def _dense_bytes(self, element_size: Any) -> int:
         total = 0
         for layer in self.layers:
             if layer.kv_shape is None:
@@ -188,7 +197,7 @@ class KVBenchCache(Cache):
             tokens = layer.seen_tokens
             if layer.kind.sliding and layer.kind.window is not None:
                 tokens = min(tokens, max(layer.kind.window - 1, 0))
-            total += 2 * b * h * d * tokens * REFERENCE_BYTES_PER_ELEMENT
+            total += 2 * b * h * d * tokens * element_size(layer)
         return total
 
     def held_tokens(self) -> list[int]:

@@ -256,6 +256,7 @@ class Engine:
             caches = make_caches()
             kv_bytes = [c.kv_bytes() for c in caches]
             kv_fp16 = [c.kv_bytes_fp16() for c in caches]
+            kv_dense = [c.kv_bytes_dense() for c in caches]
             held = [c.held_tokens() for c in caches]
             stats = [c.stats() for c in caches]
             logps = self._teacher_force(_batched(caches), strategy, queries, golds)
@@ -312,7 +313,7 @@ class Engine:
                 sample_meta=sample.metadata,
                 kv_bytes=int(kv_bytes[i]),
                 kv_bytes_fp16=int(kv_fp16[i]),
-                memory_reduction=memory_reduction(kv_bytes[i], kv_fp16[i]),
+                memory_reduction=memory_reduction(kv_bytes[i], kv_dense[i]),
                 bytes_per_token=kv_bytes[i] / sample.context_tokens,
                 held_tokens_mean=held_mean,
                 kept_fraction=held_mean / sample.context_tokens,
@@ -335,6 +336,8 @@ class Engine:
                 # the decode peak is the whole batch's, so every decoded row's working copy comes off it
                 peak_bytes_decode_excl_scratch=max(0, gen.peak_bytes - (batch_scratch if gen.tokens else 0)),
                 stats=stats[i],
+                kv_bytes_dense=int(kv_dense[i]),
+                memory_reduction_fp16=memory_reduction(kv_bytes[i], kv_fp16[i]),
             )
             results.append(StrategyResult(record.to_dict(), logps[i]))
         return results

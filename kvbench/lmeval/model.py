@@ -94,6 +94,7 @@ class CacheStats:
     caches: int = 0
     kv_bytes: int = 0
     kv_bytes_fp16: int = 0
+    kv_bytes_dense: int = 0
     prefix_tokens: int = 0
     held_tokens: float = 0.0
     requests: dict[str, int] = field(default_factory=dict)
@@ -102,6 +103,7 @@ class CacheStats:
         self.caches += 1
         self.kv_bytes += int(cache.kv_bytes())
         self.kv_bytes_fp16 += int(cache.kv_bytes_fp16())
+        self.kv_bytes_dense += int(cache.kv_bytes_dense())
         self.prefix_tokens += prefix_len
         held = cache.held_tokens()
         self.held_tokens += sum(held) / max(len(held), 1)
@@ -115,8 +117,11 @@ class CacheStats:
             "requests": dict(self.requests),
             "kv_bytes_mean": self.kv_bytes / n if self.caches else math.nan,
             "kv_bytes_fp16_mean": self.kv_bytes_fp16 / n if self.caches else math.nan,
-            # token-weighted over all caches: the fraction of a dense 16-bit cache saved
-            "memory_reduction": memory_reduction(self.kv_bytes, self.kv_bytes_fp16),
+            "kv_bytes_dense_mean": self.kv_bytes_dense / n if self.caches else math.nan,
+            # token-weighted over all caches: the fraction of the model's own dense cache saved (spec §1), and of
+            # a dense 16-bit cache beside it
+            "memory_reduction": memory_reduction(self.kv_bytes, self.kv_bytes_dense),
+            "memory_reduction_fp16": memory_reduction(self.kv_bytes, self.kv_bytes_fp16),
             "bytes_per_token": self.kv_bytes / self.prefix_tokens if self.prefix_tokens else math.nan,
             "kept_fraction": self.held_tokens / self.prefix_tokens if self.prefix_tokens else math.nan,
             "context_tokens_mean": self.prefix_tokens / n if self.caches else math.nan,
