@@ -251,7 +251,7 @@ def _run_with_progress(engine: Engine, samples: list[Sample], strategies: list[S
     # finished sample instead, with its ETA.
     terminal = sys.stdout.isatty()
     total = len(samples) * len(strategies)
-    start, evaluated = time.monotonic(), [0]
+    start, evaluated, resumed = time.monotonic(), [0], [0]
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("eta"), TimeRemainingColumn(), disable=not (show and terminal), transient=False) as bar:
         tid = bar.add_task("sample x strategy", total=total)
@@ -261,11 +261,14 @@ def _run_with_progress(engine: Engine, samples: list[Sample], strategies: list[S
                 bar.update(tid, description=escape(f"sample x strategy: {strategy}"))
             if n_done:
                 bar.advance(tid, n_done)
+                if not strategy:  # a sample stored by an earlier run: skipped, not measured
+                    resumed[0] += n_done
                 before, evaluated[0] = evaluated[0], evaluated[0] + n_done
-                if show and not terminal and evaluated[0] // len(strategies) > before // len(strategies):
+                if show and not terminal and strategy and evaluated[0] // len(strategies) > before // len(strategies):
                     elapsed = time.monotonic() - start
-                    eta = elapsed / evaluated[0] * (total - evaluated[0])
-                    print(f"kvbench: {evaluated[0] // len(strategies)} of {len(samples)} samples measured this run "
+                    eta = elapsed / max(evaluated[0] - resumed[0], 1) * (total - evaluated[0])
+                    kept = f", {resumed[0] // len(strategies)} kept from earlier runs" if resumed[0] else ""
+                    print(f"kvbench: {evaluated[0] // len(strategies)} of {len(samples)} samples stored{kept} "
                           f"({_fmt_duration(elapsed)} elapsed, eta {_fmt_duration(eta)})", flush=True)
 
         run_samples(engine, samples, strategies, done, store.append, baseline_dir, baseline_key,
