@@ -141,7 +141,8 @@ def _write_from_args(args: argparse.Namespace) -> list[Path]:
     if args.plots or args.plots_only:
         from kvbench.plots import write_all
 
-        paths += write_all(lb.records, lb.summary, out_dir / "plots", needle_strategies=args.needle_strategy)
+        paths += write_all(lb.records, lb.summary, out_dir / "plots", needle_strategies=args.needle_strategy,
+                           pooled={s: lb.pooled_scope(s).text() for s in lb.settings})
     return paths
 
 
