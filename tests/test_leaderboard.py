@@ -732,12 +732,18 @@ def test_offloading_is_never_in_a_memory_column(records):
 
 
 def test_no_answer_is_named_when_full_itself_is_below_the_floor():
+    """full at 0/4 on the pooled tasks (the 0/2 sweep of the issue, two tasks): no answer, no highlighted row; at
+    2/6 (Wilson 0.097–0.70) its interval still reaches below the floor; at 4/4 (0.51–1) the answer is named."""
     lb = leaderboard.build(_two_lengths({"full": [0, 0], "int8": [0, 0]}))
     sentence = leaderboard.answer_sentence(lb, "query-aware")
-    assert sentence.startswith("No answer: `full` itself scores 0.000 (n = 4)") and "**" not in sentence
-    assert f"floor of {leaderboard.BASELINE_FLOOR:g}" in sentence and "`int8`" not in sentence
+    assert sentence.startswith("No answer: `full` itself scores 0.000 [0.000, 0.490] (n = 4)")
+    assert "**" not in sentence and "`int8`" not in sentence
+    assert f"below a lower end of {leaderboard.BASELINE_FLOOR:g}" in sentence
     page = leaderboard.render_html(lb)
     assert 'class="answer"' not in page
+    half = leaderboard.build(_two_lengths({"full": [1, 0, 0], "int8": [1, 0, 0]}))
+    assert not leaderboard.answer_shown(half, "query-aware")
     fine = leaderboard.build(_two_lengths({"full": [1, 1], "int8": [1, 1]}))
+    assert leaderboard.answer_shown(fine, "query-aware")
     assert leaderboard.answer_sentence(fine, "query-aware").startswith("**Answer")
     assert 'class="answer"' in leaderboard.render_html(fine)

@@ -168,7 +168,7 @@ def _header_lines(lb: Leaderboard, style: type = fmt.Markdown) -> list[str]:
         f"split by where Δ lies), {t(BEYOND)} (the whole interval at or below −{margin_pp():g}). Rows are sorted "
         f"by the verdict, then memory saved (rows that fail by Δ, the smallest loss first); rows equal in all of "
         f"these are ties (=). n: questions / distinct documents behind the pooled Δ. No answer is named where "
-        f"{c(BASELINE)} itself scores below {BASELINE_FLOOR:g} on the pooled tasks.",
+        f"{c(BASELINE)}'s own accuracy on the pooled tasks has a 95% interval reaching below {BASELINE_FLOOR:g}.",
     ] + ([f"{style.bold('Group-sequential')} (spec v1.2 §2.5): every figure is {style.bold('look ' + t(m['look']))} "
           f"of {t(m['n_looks'])} ({t(m['look_contexts'])} contexts of every task); verdicts are taken at the "
           f"design's looks against their nominal levels, not at 0.025 ({t(m['design'])})"
@@ -210,10 +210,11 @@ def _setting_rows(lb: Leaderboard, setting: str, section: str | tuple[str, ...])
 
 
 def answer_shown(lb: Leaderboard, setting: str) -> bool:
-    """Whether ``setting`` gets an answer: ``full`` scores at least :data:`BASELINE_FLOOR` on the pooled tasks
-    (unknown counts as shown: the table then has no pooled baseline to judge)."""
-    accuracy, _ = baseline_accuracy(lb.summary, setting)
-    return fmt.is_missing(accuracy) or accuracy >= BASELINE_FLOOR
+    """Whether ``setting`` gets an answer: ``full``'s accuracy on the pooled tasks is at least
+    :data:`BASELINE_FLOOR` at the lower end of its 95% interval (unknown counts as shown: there is no pooled
+    baseline to judge, and no row is ranked)."""
+    _, low, _, _ = baseline_accuracy(lb.summary, setting)
+    return fmt.is_missing(low) or low >= BASELINE_FLOOR
 
 
 def answer_sentence(lb: Leaderboard, setting: str, style: type = fmt.Markdown) -> str:
@@ -226,10 +227,11 @@ def answer_sentence(lb: Leaderboard, setting: str, style: type = fmt.Markdown) -
     if ranked.empty:
         return "No strategy that saves bytes was measured on every task in this setting, so none is ranked."
     if not answer_shown(lb, setting):
-        accuracy, n = baseline_accuracy(lb.summary, setting)
-        return (f"No answer: {c(BASELINE)} itself scores {fmt_value(accuracy, 'acc')} (n = {n}) on the pooled "
-                f"tasks ({style.text(lb.pooled_scope(setting).text())}), below the floor of {BASELINE_FLOOR:g} "
-                "under which this page names none — a strategy cannot lose what the baseline never had, so Δ "
+        accuracy, low, high, n = baseline_accuracy(lb.summary, setting)
+        return (f"No answer: {c(BASELINE)} itself scores {fmt_value(accuracy, 'acc')} [{fmt_value(low, 'acc')}, "
+                f"{fmt_value(high, 'acc')}] (n = {n}) on the pooled tasks "
+                f"({style.text(lb.pooled_scope(setting).text())}); below a lower end of {BASELINE_FLOOR:g}, ten "
+                "times the margin, this page names none — a strategy cannot lose what the baseline never had, so Δ "
                 "against it says nothing about what compression keeps. The rows below are ordered as usual.")
     top = ranked.iloc[0]
     tied = ranked[ranked["rank"] == top["rank"]]

@@ -50,9 +50,10 @@ WITHIN, UNDECIDED_IN, UNDECIDED_OUT, BEYOND, NOT_POOLED = (
     paired.HOLDS, f"undetermined, Δ above −{claims.LOSS_PP:g}", f"undetermined, Δ at or below −{claims.LOSS_PP:g}",
     paired.FAILS, "not on every task")
 VERDICT_ORDER = {WITHIN: 0, UNDECIDED_IN: 1, UNDECIDED_OUT: 2, BEYOND: 3, NOT_POOLED: 4}
-#: Below this pooled accuracy of ``full`` the page names no answer: a strategy cannot lose what the baseline never
-#: had, so "within 1 point of full" would say nothing about what compression keeps (a model scoring 0/2).
-BASELINE_FLOOR = 0.5
+#: The page names an answer only where ``full``'s accuracy on the pooled tasks is at least this at the lower end of
+#: its 95% interval — ten times the 1-point margin: a strategy cannot lose what the baseline never had, so below it
+#: "within 1 point of full" says nothing about what compression keeps (a model scoring 0/2; 1/2 cannot state it).
+BASELINE_FLOOR = 0.1
 
 
 def margin_pp() -> float:
@@ -162,12 +163,13 @@ def task_lengths(records: pd.DataFrame, task: str) -> str:
     return _lengths_text(records.loc[records["task"].astype(str) == task, "context_tokens"])
 
 
-def baseline_accuracy(summary: pd.DataFrame, setting: str) -> tuple[float, int]:
-    """``full``'s pooled accuracy and n in ``setting`` (NaN, 0 when nothing is pooled)."""
+def baseline_accuracy(summary: pd.DataFrame, setting: str) -> tuple[float, float, float, int]:
+    """``full``'s pooled accuracy, its 95% interval and n in ``setting`` (NaNs and 0 when nothing is pooled)."""
     rows = summary[(summary["setting"] == setting) & (summary["task"] == OVERALL) & (summary["strategy"] == BASELINE)]
-    if rows.empty or "accuracy" not in rows:
-        return float("nan"), 0
-    return float(rows["accuracy"].iloc[0]), int(rows["n"].iloc[0])
+    cols = ("accuracy", "accuracy_ci_low", "accuracy_ci_high")
+    if rows.empty or any(c not in rows for c in cols):
+        return float("nan"), float("nan"), float("nan"), 0
+    return (*(float(rows[c].iloc[0]) for c in cols), int(rows["n"].iloc[0]))
 
 
 def _offloading(family: Any) -> bool:
