@@ -688,6 +688,9 @@ def test_every_table_heading_names_its_context_lengths_and_the_pooled_scope():
     assert headings[1] == "### Query-aware: per task (context tokens: fiction 2,048; legal 4,096; papers 4,096)"
     assert "legal, papers pooled at 4,096 tokens" in leaderboard.answer_sentence(lb, "query-aware")
     assert page.count("<h3") == 3 and f"ranked ({pooled})</h3>" in page
+    # The claim check names the same scope: what its pooled rows pool and leave out.
+    assert ("Pooled scope *all tasks at 4,096 tokens (pooled)*: legal, papers; not pooled: fiction (2,048 tokens)."
+            in leaderboard.render_claim_check(lb))
 
 
 def test_rows_that_fail_rank_by_their_loss_not_by_memory():
