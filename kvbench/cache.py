@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from kvbench.arch import LayerKind, layer_kinds
+from kvbench.arch import LayerKind, describe, layer_kinds
 from kvbench.capture import QueryRecorder
 from kvbench.errors import KVBenchError
 from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes
@@ -163,7 +163,9 @@ class KVBenchCache(Cache):
     # -- use inside a normal forward / generate ------------------------------------------------
     @contextmanager
     def attach(self, model: torch.nn.Module) -> Iterator[QueryRecorder]:
-        """Feed each layer store the queries of every forward (needed by attention-aware strategies)."""
+        """Feed each layer store the queries of every forward (needed by attention-aware strategies), once
+        ``model`` passed the CLI's model check (:func:`kvbench.arch.describe`)."""
+        describe(model)
         with QueryRecorder(model, self.strategy.query_window) as rec:
             for layer, cap in zip(self.layers, rec.captures, strict=True):
                 layer.store.capture = cap
@@ -349,7 +351,7 @@ def _row_capture(cap: LayerCapture, i: int, n: int) -> LayerCapture:
     if pos is not None:
         pos = (pos[i:i + 1] if pos.shape[0] > 1 else pos)[..., pos.shape[-1] - m:]
     return LayerCapture(cap.layer_idx, cap.num_kv_groups, cap.scaling,
-                        queries=cap.queries[i:i + 1, :, cap.queries.shape[-2] - m:], positions=pos)
+                        queries=cap.queries[i:i + 1, :, cap.queries.shape[-2] - m:], positions=pos, sinks=cap.sinks)
 
 
 def _left_pad(rows: list[torch.Tensor]) -> torch.Tensor:

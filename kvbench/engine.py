@@ -531,7 +531,8 @@ def _capture_row(cap: LayerCapture, r: int) -> LayerCapture:
     q, pos = cap.queries, cap.positions
     return LayerCapture(cap.layer_idx, cap.num_kv_groups, cap.scaling,
                         queries=None if q is None else q[r:r + 1].clone(),
-                        positions=None if pos is None else (pos[r:r + 1] if pos.shape[0] > 1 else pos))
+                        positions=None if pos is None else (pos[r:r + 1] if pos.shape[0] > 1 else pos),
+                        sinks=cap.sinks)
 
 
 def changes_cache_while_decoding(strategy: Strategy) -> bool:

@@ -34,8 +34,10 @@ def generate(model: Any, tokenizer: Any, context: str, question: str, strategy: 
     (``params``: its parameters, e.g. ``compression_ratio=0.75``). Raw text in, raw text out: apply a chat
     template to ``context``/``question`` first if the model expects one."""
     import strategies
+    from kvbench.arch import describe
     from kvbench.config import strategy_params
 
+    describe(model)  # the CLI's model check, with its line: nothing is compressed silently wrong
     built = strategies.build(strategy, strategy_params(strategy, params))
     device = next(model.parameters()).device
     ctx = torch.tensor([_ids(tokenizer, context, True)], device=device)

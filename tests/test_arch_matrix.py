@@ -1,18 +1,22 @@
-"""Strategy x architecture matrix (issue 24): every registered strategy on every supported model family.
+"""Strategy x architecture matrix (issues 24, 43): every registered strategy on every verified model family.
 
 Per family (a tiny random config of the family's own transformers classes: 2 layers, hidden 64, GQA 2:1):
 
-* it loads and :func:`kvbench.arch.describe` accepts it;
-* the captured post-RoPE queries equal the attention module's own (eager, fp32, max |d| <= 1e-5), read by
-  wrapping the modeling module's ``apply_rotary_pos_emb`` the attention calls;
-* ``full`` greedy tokens through the engine equal plain ``model.generate``;
+* it loads and :func:`kvbench.arch.describe` accepts it, from its capabilities (no list of names);
+* the queries kvbench captures equal the ones each layer attends with (eager, fp32, max |d| <= 1e-5), read
+  from the attention function the module calls — so RoPE on some layers only (Cohere2, SmolLM3's NoPE layers),
+  Llama-4's complex RoPE, L2 norm and NoPE temperature are checked, not assumed;
+* ``full``'s bytes equal transformers' own ``DynamicCache`` after the same prefill, byte for byte (sliding and
+  chunked layers hold ``window - 1`` tokens), and its greedy tokens through the engine equal ``model.generate``;
 * per strategy: one short sample runs end to end and its bytes are honest — ``kv_bytes_fp16`` is the dense
-  16-bit reference per layer type (every token of a global layer, ``window - 1`` of a sliding one), and a
-  sliding layer holds exactly its dense window whatever the strategy.
+  16-bit reference per layer type, and a window-bounded layer holds exactly its dense window whatever the
+  strategy.
 
 Parametrized over ``strategies.available()`` x :data:`FAMILIES`: a new strategy or family is covered without
-editing the tests. Phi-3 (fused qkv, partial rotary) and Gemma-2 (sliding layers, soft-capping) also run
-int4 and snapkv from a saved checkpoint through the CLI, and an unsupported layout exits 2 with one line.
+editing the tests, and every capability :data:`kvbench.arch.VERIFIED` claims is used by some family here.
+Phi-3 (fused qkv, partial rotary) and Gemma-2 (sliding layers, soft-capping) also run int4 and snapkv from a
+saved checkpoint through the CLI; an unsupported layout or capability exits 2 with one line, the same line
+:func:`kvbench.generate` and :meth:`KVBenchCache.attach` give.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import transformers as tf
 import yaml
 
 import strategies
-from kvbench.arch import describe, layer_kinds
+from kvbench.arch import VERIFIED, capabilities, describe, layer_kinds, unsupported
 from kvbench.cache import KVBenchCache, WindowStore
 from kvbench.capture import QueryRecorder
 from kvbench.config import strategy_params
@@ -48,6 +52,7 @@ WINDOW = 32  # sliding window of the families that have one: shorter than the sa
 COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
               num_key_value_heads=1, head_dim=64, max_position_embeddings=1024, bos_token_id=1, eos_token_id=0,
               pad_token_id=0)
+MOE = {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32}
 #: family -> (config class, model class, what makes the family itself)
 FAMILIES: dict[str, tuple[Any, Any, dict[str, Any]]] = {
     "llama": (tf.LlamaConfig, tf.LlamaForCausalLM, {}),
@@ -64,14 +69,47 @@ FAMILIES: dict[str, tuple[Any, Any, dict[str, Any]]] = {
     "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM, {"partial_rotary_factor": 0.5}),  # fused qkv_proj
     "olmo2": (tf.Olmo2Config, tf.Olmo2ForCausalLM, {}),  # q/k norm over the whole projection
     "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM, {"num_local_experts": 2, "num_experts_per_tok": 1}),
+    # Llama-shaped families accepted from their capabilities alone (issue 43)
+    "glm4": (tf.Glm4Config, tf.Glm4ForCausalLM, {}),  # partial, interleaved rotary; extra norms
+    "granite": (tf.GraniteConfig, tf.GraniteForCausalLM, {"attention_multiplier": 0.5}),  # scaling != d^-1/2
+    "smollm3": (tf.SmolLM3Config, tf.SmolLM3ForCausalLM, {"no_rope_layer_interval": 2}),  # layer 1 is NoPE
+    "olmo3": (tf.Olmo3Config, tf.Olmo3ForCausalLM,  # sliding + global, q norm over the projection
+              {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]}),
+    "ministral": (tf.MinistralConfig, tf.MinistralForCausalLM,
+                  {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]}),
+    "exaone4": (tf.Exaone4Config, tf.Exaone4ForCausalLM,  # q/k norm over head_dim, sliding + global
+                {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]}),
+    "qwen2_moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM, {**MOE, "shared_expert_intermediate_size": 32}),
+    "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM, MOE),
+    # attention sinks, chunked attention, RoPE on some layers only
+    "gpt_oss": (tf.GptOssConfig, tf.GptOssForCausalLM,  # learned sinks, sliding + global
+                {"num_local_experts": 2, "num_experts_per_tok": 1, "sliding_window": WINDOW}),
+    "llama4": (tf.Llama4TextConfig, tf.Llama4ForCausalLM,  # layer 0 chunked + complex RoPE + L2 norm,
+               {"attention_chunk_size": WINDOW, "num_local_experts": 2, "intermediate_size_mlp": 128,
+                "no_rope_layers": [1, 0], "floor_scale": 4}),  # layer 1 global NoPE, temperature from token 3
+    "cohere2": (tf.Cohere2Config, tf.Cohere2ForCausalLM,  # RoPE on the sliding layer only
+                {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]}),
+}
+#: Families kvbench refuses, and the capability the refusal must name.
+REFUSED: dict[str, tuple[Any, Any, dict[str, Any], str]] = {
+    "deepseek_v3": (tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM,
+                    {**MOE, "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 16, "qk_nope_head_dim": 48,
+                     "v_head_dim": 64, "head_dim": 16, "n_routed_experts": 2, "first_k_dense_replace": 1, "n_group": 1,
+                     "topk_group": 1}, "multi-head latent attention"),
+    "qwen3_next": (tf.Qwen3NextConfig, tf.Qwen3NextForCausalLM,
+                   {**MOE, "layer_types": ["linear_attention", "full_attention"],
+                    "shared_expert_intermediate_size": 32}, "linear-attention / state-space layers"),
+    "jamba": (tf.JambaConfig, tf.JambaForCausalLM,
+              {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
+               "num_experts": 2, "mamba_d_state": 8, "mamba_dt_rank": 8}, "linear-attention / state-space layers"),
 }
 NAMES = strategies.available()
 
 
 def tiny(family: str, attn: str = "eager", seed: int = 0) -> Any:
-    config_cls, model_cls, extra = FAMILIES[family]
+    config_cls, model_cls, extra = FAMILIES[family] if family in FAMILIES else REFUSED[family][:3]
     torch.manual_seed(seed)
-    return model_cls(config_cls(**COMMON, **extra, attn_implementation=attn)).eval()
+    return model_cls(config_cls(**{**COMMON, **extra}, attn_implementation=attn)).eval()
 
 
 def _sample() -> Sample:
@@ -98,22 +136,22 @@ def _baseline(family: str) -> Any:
 
 @contextlib.contextmanager
 def _module_queries(model: Any) -> Iterator[dict[int, torch.Tensor]]:
-    """The queries each attention module itself rotates, from its modeling module's ``apply_rotary_pos_emb``."""
-    mods = {m.layer_idx: m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "o_proj")}
-    modeling = sys.modules[type(next(iter(mods.values()))).__module__]
-    original = modeling.apply_rotary_pos_emb
+    """The queries each attention module attends with, recorded at the attention function it calls (the
+    module's own eager attention, through transformers' registry: ``get_interface`` looks ``eager`` up there
+    before falling back to the modeling module's function)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     seen: dict[int, torch.Tensor] = {}
 
-    def wrapped(q: torch.Tensor, k: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        out = original(q, k, *args, **kwargs)
-        seen[len(seen)] = out[0].detach().clone()  # layers run in order, one call each
-        return out
+    def recording(module: Any, query: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        seen[module.layer_idx] = query.detach().clone()
+        return sys.modules[type(module).__module__].eager_attention_forward(module, query, *args, **kwargs)
 
-    modeling.apply_rotary_pos_emb = wrapped
+    ALL_ATTENTION_FUNCTIONS["eager"] = recording
     try:
         yield seen
     finally:
-        modeling.apply_rotary_pos_emb = original
+        del ALL_ATTENTION_FUNCTIONS["eager"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -122,7 +160,7 @@ def test_family_loads_and_queries_equal_the_modules_own(family: str) -> None:
     assert len(describe(model)) == model.config.num_hidden_layers
     ids = torch.tensor([_sample().prefix_ids])
     with torch.no_grad(), QueryRecorder(model, None) as rec, _module_queries(model) as own:
-        model(input_ids=ids)
+        model(input_ids=ids, use_cache=True)  # a cache, as in every kvbench run (Llama-4 reads positions from it)
     assert len(own) == model.config.num_hidden_layers
     for cap in rec.captures:
         assert cap.queries is not None
@@ -173,6 +211,53 @@ def test_every_strategy_runs_with_honest_bytes(name: str, family: str) -> None:
             assert layer.store.num_tokens() == min(sample.context_tokens, kind.window - 1)
     if name == "full":  # fp32 model: the dense cache is exactly twice its 16-bit reference
         assert rec["kv_bytes"] == 2 * rec["kv_bytes_fp16"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_full_bytes_equal_transformers_cache(family: str) -> None:
+    """``full`` holds what transformers' own cache holds after the same prefix: per layer, byte for byte."""
+    engine = _engine(family)
+    pre, base = _baseline(family)
+    with torch.inference_mode():
+        ref = engine.model(input_ids=torch.tensor([_sample().prefix_ids]), use_cache=True).past_key_values
+    built = KVBenchCache.from_capture(strategies.build("full"), engine.model.config, pre.keys, pre.values)
+    assert [layer.store.num_tokens() for layer in built.layers] == [layer.keys.shape[-2] for layer in ref.layers]
+    ref_bytes = sum(t.numel() * t.element_size() for layer in ref.layers for t in (layer.keys, layer.values))
+    assert built.kv_bytes() == base.record["kv_bytes"] == ref_bytes
+
+
+def test_every_verified_capability_is_exercised_by_a_family() -> None:
+    used = {c for family in FAMILIES for c in capabilities(tiny(family))}
+    assert used == VERIFIED, f"claimed but not in the matrix: {sorted(VERIFIED - used)}"
+
+
+@pytest.mark.parametrize("family", REFUSED)
+def test_refusal_names_the_missing_capability(family: str) -> None:
+    line = unsupported(tiny(family))
+    assert line is not None and "\n" not in line and REFUSED[family][3] in line, line
+    assert f"model_type {family!r}" in line
+
+
+@pytest.mark.parametrize("family", ["cohere2", "gpt_oss", "deepseek_v3", "qwen3_next"])
+def test_every_entry_point_gives_the_same_line(family: str) -> None:
+    """``kvbench.generate`` and ``KVBenchCache.attach`` run the CLI's model check (:func:`describe`)."""
+    import kvbench
+    from kvbench.errors import KVBenchError
+
+    model = tiny(family)
+    line = unsupported(model)
+    tok = ByteTokenizer()
+    if line is None:  # supported: the library path runs and attends with sinks / per-layer RoPE
+        assert isinstance(kvbench.generate(model, tok, "abc " * 20, "Q?", strategy="snapkv", max_new_tokens=2), str)
+        return
+    with pytest.raises(KVBenchError) as exc:
+        kvbench.generate(model, tok, "abc " * 20, "Q?", strategy="snapkv", max_new_tokens=2)
+    assert str(exc.value) == line
+    if family in FAMILIES or family == "deepseek_v3":  # a config KVBenchCache can be built from
+        cache_ = KVBenchCache(strategies.build("snapkv"), model.config)
+        with pytest.raises(KVBenchError) as exc, cache_.attach(model):
+            pass
+        assert str(exc.value) == line
 
 
 # -- end to end through the CLI, from saved checkpoints -----------------------------------------------------------
