@@ -226,6 +226,54 @@ def test_full_bytes_equal_transformers_cache(family: str) -> None:
     assert built.kv_bytes() == base.record["kv_bytes"] == ref_bytes
 
 
+def test_attention_sinks_match_gpt_oss_eager_attention() -> None:
+    """GPT-OSS's sink logits: kvbench's attention equals the model's eager attention on a full cache (prefill and
+    a decode step), and the scores attention-scored strategies read equal the eager attention weights."""
+    from kvbench.attention import use
+    from strategies._eviction import attention_column_sums, attention_probs
+
+    ids = torch.tensor([_sample().prefix_ids[:100]])  # longer than SHORT_QUERY: sinks keep prefill off SDPA
+    eager, fast = tiny("gpt_oss"), tiny("gpt_oss")
+    use(fast, "kvbench", "cpu")
+    step = torch.tensor([[7]])
+    with torch.no_grad():
+        with QueryRecorder(eager, None) as rec:
+            ref = eager(input_ids=ids, use_cache=True, output_attentions=True)
+        ref_step = eager(input_ids=step, cache=ref.past_key_values, use_cache=True).logits
+    with torch.no_grad():
+        cache_ = KVBenchCache(strategies.build("full"), fast.config)
+        got = fast(input_ids=ids, cache=cache_, use_cache=True).logits
+        got_step = fast(input_ids=step, cache=cache_, use_cache=True).logits
+    assert (got - ref.logits).abs().max().item() <= 1e-5
+    assert (got_step - ref_step).abs().max().item() <= 1e-5
+    layer = 1  # the global layer (the sliding one's mask is the model's, not the scorer's)
+    cap, module = rec.captures[layer], eager.model.layers[layer].self_attn
+    assert cap.sinks is not None and torch.equal(cap.sinks, module.sinks)
+    keys = ref.past_key_values.layers[layer].keys[..., :ids.shape[1], :]
+    weights = ref.attentions[layer]  # [b, q_heads, T, T], the sink column already dropped
+    b, hq, t, _ = weights.shape
+    probs = attention_probs(cap.queries[..., -8:, :], keys, cap.scaling, cap.sinks)
+    assert (probs.reshape(b, hq, 8, t) - weights[..., -8:, :]).abs().max().item() <= 1e-6
+    sums = attention_column_sums(cap.queries, keys, cap.scaling, sinks=cap.sinks)
+    assert (sums.reshape(b, hq, t) - weights.sum(dim=-2)).abs().max().item() <= 1e-5
+    assert (probs.sum(dim=-1) < 1 - 1e-3).any()  # the sinks really took mass (the test can fail without them)
+
+
+def test_a_strategy_that_can_change_nothing_is_said_in_one_line() -> None:
+    """Every layer window-bounded (this Mistral): the CLI's warning and kvbench.generate's say so; a model with a
+    global layer gets no such line."""
+    import kvbench
+    from kvbench.arch import nothing_to_compress
+
+    mistral = tiny("mistral")
+    line = nothing_to_compress(mistral.config, ["full", "int4", "snapkv"])
+    assert line is not None and "int4, snapkv cannot change" in line and "\n" not in line
+    assert nothing_to_compress(mistral.config, ["full"]) is None
+    assert nothing_to_compress(tiny("gemma2").config, ["int4"]) is None
+    with pytest.warns(UserWarning, match="cannot change its cache"):
+        kvbench.generate(mistral, ByteTokenizer(), "abc " * 10, "Q?", strategy="int4", max_new_tokens=1)
+
+
 def test_every_verified_capability_is_exercised_by_a_family() -> None:
     used = {c for family in FAMILIES for c in capabilities(tiny(family))}
     assert used == VERIFIED, f"claimed but not in the matrix: {sorted(VERIFIED - used)}"
