@@ -63,7 +63,7 @@ CHUNKED_ATTENTION = "chunked attention"
 SOFTCAP = "attention logit soft-capping"
 SINKS = "attention sinks (learned sink logits)"
 GATED_Q = "a gated query projection (q_proj also yields an output gate)"
-MLA = "multi-head latent attention (a compressed KV latent instead of per-head K/V)"
+MLA = "multi-head latent attention (its cache holds a compressed KV latent and one shared rotary key, not per-head K/V)"
 RECURRENT = "linear-attention / state-space layers (a recurrent state instead of K/V)"
 
 #: Every capability the test matrix verifies on tiny checkpoints (``tests/test_arch_matrix.py`` checks that
