@@ -44,8 +44,11 @@ from torch import nn
 from kvbench.errors import KVBenchError
 
 FULL, SLIDING, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
-#: Layer types of hybrids' non-attention blocks: they hold a fixed-size recurrent state, not per-token K/V.
-RECURRENT_TYPES = ("linear_attention", "mamba", "mamba2", "conv", "hybrid")
+#: Layer types of hybrids' non-attention blocks (Qwen3-Next's gated delta rule, Jamba's Mamba): a fixed-size
+#: recurrent state, not per-token K/V, kept by transformers' own ``LinearAttentionLayer`` in kvbench's cache.
+RECURRENT_TYPES = ("linear_attention", "mamba", "mamba2")
+#: Falcon-H1's layers run attention and Mamba side by side in one block (one cache layer holding both).
+PARALLEL_TYPES = ("hybrid",)
 
 # -- capabilities ------------------------------------------------------------------------------------------------
 Q_PROJ = "separate q_proj"
@@ -63,13 +66,14 @@ CHUNKED_ATTENTION = "chunked attention"
 SOFTCAP = "attention logit soft-capping"
 SINKS = "attention sinks (learned sink logits)"
 GATED_Q = "a gated query projection (q_proj also yields an output gate)"
+PARALLEL_HYBRID = "attention and a state-space block in parallel in one layer"
 MLA = "multi-head latent attention (its cache holds a compressed KV latent and one shared rotary key, not per-head K/V)"
 RECURRENT = "linear-attention / state-space layers (a recurrent state instead of K/V)"
 
 #: Every capability the test matrix verifies on tiny checkpoints (``tests/test_arch_matrix.py`` checks that
 #: each is used by at least one family there, so nothing here is claimed unverified).
 VERIFIED = frozenset({Q_PROJ, QKV_PROJ, Q_NORM_HEAD, Q_NORM_FULL, ROPE, ROPE_COMPLEX, NOPE, L2_NORM, TEMPERATURE,
-                      GLOBAL, SLIDING_WINDOW, CHUNKED_ATTENTION, SOFTCAP, SINKS})
+                      GLOBAL, SLIDING_WINDOW, CHUNKED_ATTENTION, SOFTCAP, SINKS, GATED_Q, RECURRENT})
 
 _ROTARY = ("apply_rotary_pos_emb", "apply_rotary_emb")  # cos/sin form, Llama-4's complex form
 
@@ -90,6 +94,11 @@ class LayerKind:
         """Window-bounded (sliding or chunked): the layer holds at most ``window - 1`` past tokens."""
         return self.attention in (SLIDING, CHUNKED)
 
+    @property
+    def recurrent(self) -> bool:
+        """A hybrid's linear-attention / state-space layer: a fixed-size state, no K/V, no strategy."""
+        return self.attention in RECURRENT_TYPES
+
 
 def layer_kinds(config: Any) -> list[LayerKind]:
     """Per-layer attention type from the config alone (caches are built from the config, not the model)."""
@@ -101,14 +110,14 @@ def layer_kinds(config: Any) -> list[LayerKind]:
         types = [SLIDING if window else FULL] * n
     if len(types) != n:
         raise KVBenchError(f"config.layer_types has {len(types)} entries for {n} layers")
-    recurrent = sorted(set(types) & set(RECURRENT_TYPES))
-    if recurrent:
-        raise KVBenchError(f"it uses {RECURRENT} (layer types {', '.join(recurrent)}), which kvbench does not "
+    parallel = sorted(set(types) & set(PARALLEL_TYPES))
+    if parallel:
+        raise KVBenchError(f"it uses {PARALLEL_HYBRID} (layer types {', '.join(parallel)}), which kvbench does not "
                            "handle yet")
-    unknown = sorted(set(types) - {FULL, SLIDING, CHUNKED})
+    unknown = sorted(set(types) - {FULL, SLIDING, CHUNKED, *RECURRENT_TYPES})
     if unknown:
         raise KVBenchError(f"layer type(s) {', '.join(unknown)} are not supported; kvbench handles "
-                           f"{FULL}, {SLIDING} and {CHUNKED} layers")
+                           f"{', '.join((FULL, SLIDING, CHUNKED, *RECURRENT_TYPES))} layers")
     if SLIDING in types and not window:
         raise KVBenchError("config.layer_types names sliding_attention layers but config.sliding_window is unset")
     chunk = getattr(config, "attention_chunk_size", None)
@@ -116,6 +125,15 @@ def layer_kinds(config: Any) -> list[LayerKind]:
         raise KVBenchError("config.layer_types names chunked_attention layers but config.attention_chunk_size "
                            "is unset")
     return [LayerKind(t, int(window) if t == SLIDING else int(chunk) if t == CHUNKED else None) for t in types]
+
+
+def _attention_kinds(config: Any, mods: list[nn.Module]) -> list[LayerKind]:
+    """The kinds of the attention layers (hybrids' recurrent layers have no attention module)."""
+    kinds = [k for k in layer_kinds(config) if not k.recurrent]
+    if len(mods) != len(kinds):
+        raise KVBenchError(f"found {len(mods)} attention modules with q_proj/qkv_proj and a layer_idx for "
+                           f"{len(kinds)} attention layers")
+    return [layer_kinds(config)[m.layer_idx] for m in mods]
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:
@@ -200,6 +218,7 @@ class AttentionAdapter:
     rope: bool
     _rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None
     _norm_before_split: bool
+    _gated: bool = False  # Qwen3-Next: each head's q_proj outputs are [query | output gate]
 
     @property
     def layer_idx(self) -> int:
@@ -210,6 +229,8 @@ class AttentionAdapter:
         m = self.module
         # A fused projection's queries are its first num_heads * head_dim outputs (Phi-3).
         q = m.q_proj(hidden) if hasattr(m, "q_proj") else m.qkv_proj(hidden)[..., : self.num_heads * self.head_dim]
+        if self._gated:
+            q = q.view(*hidden.shape[:-1], -1, 2 * self.head_dim)[..., : self.head_dim].reshape(*hidden.shape[:-1], -1)
         norm = getattr(m, "q_norm", None)
         if norm is not None and self._norm_before_split:
             q = norm(q)
@@ -299,14 +320,14 @@ def capabilities(model: nn.Module) -> dict[str, list[int]]:
     need = _missing(mods[0])
     if need:
         raise KVBenchError(f"it lacks {', '.join(need)}")
-    if len(mods) != len(kinds):
-        raise KVBenchError(f"found {len(mods)} attention modules with q_proj/qkv_proj and a layer_idx for "
-                           f"{len(kinds)} decoder layers")
     rotating = rope_layers(model)
     caps: dict[str, list[int]] = {}
-    for m in mods:
-        for c in layer_capabilities(m, kinds[m.layer_idx], config, m.layer_idx in rotating):
+    for m, kind in zip(mods, _attention_kinds(config, mods), strict=True):
+        for c in layer_capabilities(m, kind, config, m.layer_idx in rotating):
             caps.setdefault(c, []).append(m.layer_idx)
+    recurrent = [i for i, k in enumerate(kinds) if k.recurrent]
+    if recurrent:
+        caps[RECURRENT] = recurrent
     return caps
 
 
@@ -336,20 +357,18 @@ def adapt(module: nn.Module, kind: LayerKind, config: Any, rope: bool) -> Attent
         softcap=None if softcap is None else float(softcap),
         sinks=sinks if isinstance(sinks, torch.Tensor) else None,
         rope=rope and found is not None, _rotary=None if found is None else found[1],
-        _norm_before_split=width == num_heads * head_dim and width != head_dim)
+        _norm_before_split=width == num_heads * head_dim and width != head_dim,
+        _gated=GATED_Q in layer_capabilities(module, kind, config, rope))
 
 
 def adapters(model: nn.Module) -> list[AttentionAdapter]:
     """Adapters of every attention layer of ``model``, in layer order (no capability check: see
     :func:`describe`)."""
     config = model.config
-    kinds = layer_kinds(config)
     mods = attention_modules(model)
-    if len(mods) != len(kinds):
-        raise KVBenchError(f"found {len(mods)} attention modules with q_proj/qkv_proj and a layer_idx for "
-                           f"{len(kinds)} decoder layers")
+    kinds = _attention_kinds(config, mods)
     rotating = rope_layers(model)
-    return [adapt(m, kinds[m.layer_idx], config, m.layer_idx in rotating) for m in mods]
+    return [adapt(m, kind, config, m.layer_idx in rotating) for m, kind in zip(mods, kinds, strict=True)]
 
 
 def unsupported(model: nn.Module) -> str | None:
@@ -386,7 +405,7 @@ def nothing_to_compress(config: Any, names: list[str]) -> str | None:
     them, so each such strategy holds exactly ``full``'s bytes (0% reduction by construction, not measured)."""
     kinds = layer_kinds(config)
     others = [n for n in names if n != "full"]
-    if not others or not all(k.sliding for k in kinds):
+    if not others or not all(k.sliding for k in kinds if not k.recurrent):
         return None
     windows = sorted({k.window for k in kinds if k.window is not None})
     return (f"every layer of this model attends within a window ({'/'.join(map(str, windows))} tokens), which "

@@ -45,7 +45,8 @@ class LayerCapture:
 
 
 class QueryRecorder:
-    """Keeps, per layer, the queries of the last ``window`` positions of the most recent forward."""
+    """Keeps, per attention layer (in layer order), the queries of the last ``window`` positions of the most
+    recent forward."""
 
     def __init__(self, model: nn.Module, window: int | None) -> None:
         self.window = window
@@ -56,6 +57,8 @@ class QueryRecorder:
                          sinks=None if a.sinks is None else a.sinks.detach())
             for a in self.adapters.values()
         ]
+        # By layer index: a hybrid's recurrent layers have no attention module, so no capture.
+        self._by_layer = {c.layer_idx: c for c in self.captures}
         self._handles: list[Any] = []
         self._positions: torch.Tensor | None = None
 
@@ -74,7 +77,7 @@ class QueryRecorder:
             positions = None if positions is None else positions[-w:]
             if emb is not None:
                 emb = emb[:, -w:] if isinstance(emb, torch.Tensor) else tuple(e[:, -w:] for e in emb)
-        cap = self.captures[module.layer_idx]
+        cap = self._by_layer[module.layer_idx]
         cap.queries = adapter.queries(hidden, emb, positions)
         pos = kwargs.get("position_ids")
         cap.positions = None if pos is None else pos[..., -cap.queries.shape[-2]:]

@@ -89,6 +89,14 @@ FAMILIES: dict[str, tuple[Any, Any, dict[str, Any]]] = {
                 "no_rope_layers": [1, 0], "floor_scale": 4}),  # layer 1 global NoPE, temperature from token 3
     "cohere2": (tf.Cohere2Config, tf.Cohere2ForCausalLM,  # RoPE on the sliding layer only
                 {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]}),
+    # hybrids: strategies hold the attention layers; the recurrent layers keep transformers' own state
+    "qwen3_next": (tf.Qwen3NextConfig, tf.Qwen3NextForCausalLM,  # gated delta rule + gated-query attention
+                   {**MOE, "layer_types": ["linear_attention", "full_attention"],
+                    "shared_expert_intermediate_size": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 2,
+                    "linear_key_head_dim": 16, "linear_value_head_dim": 16}),
+    "jamba": (tf.JambaConfig, tf.JambaForCausalLM,  # Mamba + NoPE attention
+              {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
+               "num_experts": 2, "mamba_d_state": 8, "mamba_dt_rank": 8}),
 }
 #: Families kvbench refuses, and the capability the refusal must name.
 REFUSED: dict[str, tuple[Any, Any, dict[str, Any], str]] = {
@@ -96,12 +104,9 @@ REFUSED: dict[str, tuple[Any, Any, dict[str, Any], str]] = {
                     {**MOE, "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 16, "qk_nope_head_dim": 48,
                      "v_head_dim": 64, "head_dim": 16, "n_routed_experts": 2, "first_k_dense_replace": 1, "n_group": 1,
                      "topk_group": 1}, "multi-head latent attention"),
-    "qwen3_next": (tf.Qwen3NextConfig, tf.Qwen3NextForCausalLM,
-                   {**MOE, "layer_types": ["linear_attention", "full_attention"],
-                    "shared_expert_intermediate_size": 32}, "linear-attention / state-space layers"),
-    "jamba": (tf.JambaConfig, tf.JambaForCausalLM,
-              {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
-               "num_experts": 2, "mamba_d_state": 8, "mamba_dt_rank": 8}, "linear-attention / state-space layers"),
+    "falcon_h1": (tf.FalconH1Config, tf.FalconH1ForCausalLM,
+                  {"mamba_d_ssm": 64, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 8, "mamba_n_groups": 1},
+                  "attention and a state-space block in parallel in one layer"),
 }
 NAMES = strategies.available()
 
@@ -157,11 +162,12 @@ def _module_queries(model: Any) -> Iterator[dict[int, torch.Tensor]]:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_family_loads_and_queries_equal_the_modules_own(family: str) -> None:
     model = tiny(family)
-    assert len(describe(model)) == model.config.num_hidden_layers
+    attention_layers = [i for i, k in enumerate(layer_kinds(model.config)) if not k.recurrent]
+    assert [a.layer_idx for a in describe(model)] == attention_layers
     ids = torch.tensor([_sample().prefix_ids])
     with torch.no_grad(), QueryRecorder(model, None) as rec, _module_queries(model) as own:
         model(input_ids=ids, use_cache=True)  # a cache, as in every kvbench run (Llama-4 reads positions from it)
-    assert len(own) == model.config.num_hidden_layers
+    assert sorted(own) == attention_layers
     for cap in rec.captures:
         assert cap.queries is not None
         assert (cap.queries - own[cap.layer_idx]).abs().max().item() <= 1e-5, f"layer {cap.layer_idx}"
@@ -173,7 +179,7 @@ def test_full_greedy_equals_model_generate(family: str) -> None:
     sample = _sample()
     pre, _ = _baseline(family)
     cache_ = KVBenchCache.from_capture(strategies.build("full"), engine.model.config, pre.keys, pre.values,
-                                       pre.captures)
+                                       pre.captures, pre.states)
     n = 8
     with torch.inference_mode():
         gen = engine.greedy(cache_, torch.tensor(sample.query_ids), n)
@@ -186,7 +192,8 @@ def test_full_greedy_equals_model_generate(family: str) -> None:
 def _dense_reference(config: Any, tokens: int) -> int:
     """Dense 16-bit K/V bytes of ``tokens`` per layer type, from the config alone."""
     kv = int(config.num_key_value_heads) * int(config.head_dim)
-    return sum(2 * kv * 2 * (min(tokens, k.window - 1) if k.sliding else tokens) for k in layer_kinds(config))
+    return sum(2 * kv * 2 * (min(tokens, k.window - 1) if k.sliding else tokens) for k in layer_kinds(config)
+               if not k.recurrent)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -204,8 +211,11 @@ def test_every_strategy_runs_with_honest_bytes(name: str, family: str) -> None:
     assert rec["kv_bytes"] > 0 and rec["generated_tokens"] >= 1
     # Sliding layers keep their dense window (model dtype) whatever the strategy; the strategy holds the rest.
     engine.bind(strategy, sample.prefix_ids)
-    built = KVBenchCache.from_capture(strategy, config, pre.keys, pre.values, pre.captures)
+    built = KVBenchCache.from_capture(strategy, config, pre.keys, pre.values, pre.captures, pre.states)
     for layer, kind in zip(built.layers, layer_kinds(config), strict=True):
+        if kind.recurrent:  # a hybrid's state: transformers' own layer, the same for every strategy
+            assert not hasattr(layer, "store") and rec["stats"]["recurrent_state_bytes"] == built.state_bytes() > 0
+            continue
         assert isinstance(layer.store, WindowStore) == kind.sliding
         if kind.sliding:
             assert layer.store.num_tokens() == min(sample.context_tokens, kind.window - 1)
@@ -220,10 +230,16 @@ def test_full_bytes_equal_transformers_cache(family: str) -> None:
     pre, base = _baseline(family)
     with torch.inference_mode():
         ref = engine.model(input_ids=torch.tensor([_sample().prefix_ids]), use_cache=True).past_key_values
-    built = KVBenchCache.from_capture(strategies.build("full"), engine.model.config, pre.keys, pre.values)
-    assert [layer.store.num_tokens() for layer in built.layers] == [layer.keys.shape[-2] for layer in ref.layers]
-    ref_bytes = sum(t.numel() * t.element_size() for layer in ref.layers for t in (layer.keys, layer.values))
+    built = KVBenchCache.from_capture(strategies.build("full"), engine.model.config, pre.keys, pre.values,
+                                      states=pre.states)
+    attn = [layer for layer in ref.layers if hasattr(layer, "keys")]  # a hybrid's recurrent layers hold no K/V
+    assert [layer.store.num_tokens() for layer in built.kv_layers] == [layer.keys.shape[-2] for layer in attn]
+    ref_bytes = sum(t.numel() * t.element_size() for layer in attn for t in (layer.keys, layer.values))
     assert built.kv_bytes() == base.record["kv_bytes"] == ref_bytes
+    states = [t for layer in ref.layers if not hasattr(layer, "keys")
+              for d in (layer.conv_states, layer.recurrent_states) for t in d.values() if t is not None]
+    assert built.state_bytes() == sum(t.numel() * t.element_size() for t in states)
+    assert (built.state_bytes() > 0) == (len(attn) < len(ref.layers))
 
 
 def test_attention_sinks_match_gpt_oss_eager_attention() -> None:
@@ -286,7 +302,7 @@ def test_refusal_names_the_missing_capability(family: str) -> None:
     assert f"model_type {family!r}" in line
 
 
-@pytest.mark.parametrize("family", ["cohere2", "gpt_oss", "deepseek_v3", "qwen3_next"])
+@pytest.mark.parametrize("family", ["cohere2", "gpt_oss", "deepseek_v3", "falcon_h1"])
 def test_every_entry_point_gives_the_same_line(family: str) -> None:
     """``kvbench.generate`` and ``KVBenchCache.attach`` run the CLI's model check (:func:`describe`)."""
     import kvbench

@@ -300,7 +300,8 @@ class KVBenchLM(_LMBase):  # type: ignore[misc,valid-type]
             ids = torch.tensor([prefix], device=self._device)
             self._last = (key, self.engine.capture(ids, self.strategy.query_window).rows[0])
         row = self._last[1]
-        cache = KVBenchCache.from_capture(self.strategy, self.model.config, row.keys, row.values, row.captures)
+        cache = KVBenchCache.from_capture(self.strategy, self.model.config, row.keys, row.values, row.captures,
+                                          row.states)
         self.stats.add(cache, len(prefix))
         return cache
 
