@@ -67,13 +67,13 @@ SOFTCAP = "attention logit soft-capping"
 SINKS = "attention sinks (learned sink logits)"
 GATED_Q = "a gated query projection (q_proj also yields an output gate)"
 PARALLEL_HYBRID = "attention and a state-space block in parallel in one layer"
-MLA = "multi-head latent attention (its cache holds a compressed KV latent and one shared rotary key, not per-head K/V)"
+MLA = "multi-head latent attention (the cache holds a compressed KV latent and one shared rotary key)"
 RECURRENT = "linear-attention / state-space layers (a recurrent state instead of K/V)"
 
 #: Every capability the test matrix verifies on tiny checkpoints (``tests/test_arch_matrix.py`` checks that
 #: each is used by at least one family there, so nothing here is claimed unverified).
 VERIFIED = frozenset({Q_PROJ, QKV_PROJ, Q_NORM_HEAD, Q_NORM_FULL, ROPE, ROPE_COMPLEX, NOPE, L2_NORM, TEMPERATURE,
-                      GLOBAL, SLIDING_WINDOW, CHUNKED_ATTENTION, SOFTCAP, SINKS, GATED_Q, RECURRENT})
+                      GLOBAL, SLIDING_WINDOW, CHUNKED_ATTENTION, SOFTCAP, SINKS, GATED_Q, RECURRENT, MLA})
 
 _ROTARY = ("apply_rotary_pos_emb", "apply_rotary_emb")  # cos/sin form, Llama-4's complex form
 
@@ -219,6 +219,7 @@ class AttentionAdapter:
     _rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None
     _norm_before_split: bool
     _gated: bool = False  # Qwen3-Next: each head's q_proj outputs are [query | output gate]
+    _rope_dims: int | None = None  # MLA: only the last ``qk_rope_head_dim`` dims of a query head rotate
 
     @property
     def layer_idx(self) -> int:
@@ -227,6 +228,9 @@ class AttentionAdapter:
     def raw_queries(self, hidden: torch.Tensor) -> torch.Tensor:
         """Queries before RoPE, ``[batch, heads, tokens, head_dim]``, exactly as the module computes them."""
         m = self.module
+        if self._rope_dims is not None and getattr(m, "q_a_proj", None) is not None:  # MLA's low-rank queries
+            q = m.q_b_proj(m.q_a_layernorm(m.q_a_proj(hidden)))
+            return q.view(*hidden.shape[:-1], -1, self.head_dim).transpose(1, 2)
         # A fused projection's queries are its first num_heads * head_dim outputs (Phi-3).
         q = m.q_proj(hidden) if hasattr(m, "q_proj") else m.qkv_proj(hidden)[..., : self.num_heads * self.head_dim]
         if self._gated:
@@ -250,6 +254,10 @@ class AttentionAdapter:
         if self.rope and self._rotary is not None:
             if isinstance(position_embeddings, torch.Tensor):  # Llama-4: [b, t, h, d] in, freqs_cis
                 q = self._rotary(q.transpose(1, 2), q.transpose(1, 2), position_embeddings)[0].transpose(1, 2)
+            elif self._rope_dims is not None:  # MLA: [no-RoPE part | rotary part] per head
+                cos, sin = position_embeddings
+                q_pass, q_rot = q.split([q.shape[-1] - self._rope_dims, self._rope_dims], dim=-1)
+                q = torch.cat((q_pass, self._rotary(q_rot, q_rot[:, :1], cos, sin)[0]), dim=-1)
             else:
                 cos, sin = position_embeddings
                 q = self._rotary(q, q[:, :1], cos, sin)[0]
@@ -267,8 +275,18 @@ def _norm_width(module: nn.Module) -> int | None:
     return None if norm is None or getattr(norm, "weight", None) is None else norm.weight.numel()
 
 
+def _mla(module: nn.Module) -> bool:
+    return hasattr(module, "kv_a_proj_with_mqa")
+
+
 def _missing(module: nn.Module) -> list[str]:
     """What the layout lacks for kvbench to read it at all (not a capability: a structural gap)."""
+    if _mla(module):
+        need = [f"attention attribute {a}" for a in ("qk_head_dim", "qk_rope_head_dim", "scaling")
+                if getattr(module, a, None) is None]
+        if not callable(getattr(sys.modules.get(type(module).__module__), "apply_rotary_pos_emb", None)):
+            need.append("rotary position embeddings (apply_rotary_pos_emb in its modeling module)")
+        return need
     need = []
     if not (hasattr(module, "q_proj") or hasattr(module, "qkv_proj")):
         need.append("a q_proj or fused qkv_proj query projection")
@@ -280,8 +298,8 @@ def _missing(module: nn.Module) -> list[str]:
 
 def layer_capabilities(module: nn.Module, kind: LayerKind, config: Any, rope: bool) -> list[str]:
     """The attention features one layer uses (names from this module's constants)."""
-    if hasattr(module, "kv_a_proj_with_mqa") or getattr(config, "kv_lora_rank", None):
-        return [MLA]
+    if _mla(module):  # DeepSeek-V2/V3: queries from a low-rank projection, RoPE on part of each head
+        return [MLA, ROPE, {FULL: GLOBAL, SLIDING: SLIDING_WINDOW, CHUNKED: CHUNKED_ATTENTION}[kind.attention]]
     caps = [QKV_PROJ if not hasattr(module, "q_proj") and hasattr(module, "qkv_proj") else Q_PROJ]
     heads, head_dim = int(config.num_attention_heads), getattr(module, "head_dim", None)
     proj = getattr(module, "q_proj", None)
@@ -315,8 +333,6 @@ def capabilities(model: nn.Module) -> dict[str, list[int]]:
     mods = attention_modules(model)
     if not mods:
         raise KVBenchError("it lacks attention modules with a q_proj or qkv_proj and a layer_idx")
-    if any(hasattr(m, "kv_a_proj_with_mqa") for m in mods):
-        return {MLA: [m.layer_idx for m in mods]}
     need = _missing(mods[0])
     if need:
         raise KVBenchError(f"it lacks {', '.join(need)}")
@@ -336,6 +352,15 @@ def adapt(module: nn.Module, kind: LayerKind, config: Any, rope: bool) -> Attent
     need = _missing(module)
     if need:
         raise KVBenchError(f"{type(module).__name__} lacks {', '.join(need)}")
+    if _mla(module):
+        interleave = bool(getattr(config, "rope_interleave", False))
+        modeling = sys.modules[type(module).__module__]
+        return AttentionAdapter(
+            module=module, kind=kind, num_heads=int(config.num_attention_heads), head_dim=int(module.qk_head_dim),
+            num_kv_groups=int(config.num_attention_heads), scaling=float(module.scaling), softcap=None, sinks=None,
+            rope=True, _rotary=getattr(modeling, "apply_rotary_pos_emb_interleave" if interleave
+                                       else "apply_rotary_pos_emb"),
+            _norm_before_split=False, _rope_dims=int(module.qk_rope_head_dim))
     head_dim = int(module.head_dim)
     num_heads = int(config.num_attention_heads)
     width = _norm_width(module)
@@ -388,12 +413,37 @@ def unsupported(model: nn.Module) -> str | None:
     return f"{head}: it uses {what}, which kvbench does not handle yet"
 
 
-def describe(model: nn.Module) -> list[AttentionAdapter]:
-    """Check that kvbench supports ``model``'s architecture and return its adapters: one model check for every
-    entry point (the CLI and lm-eval through :func:`kvbench.models.load_model`, :func:`kvbench.generate`,
-    :meth:`kvbench.cache.KVBenchCache.attach`). One :class:`KVBenchError` line otherwise, naming what the layout
-    lacks or the capability kvbench does not handle."""
+def strategy_refusal(model: nn.Module, strategy: Any) -> str | None:
+    """The line refusing ``strategy`` (a :class:`strategies.base.Strategy`) on ``model``, or ``None``.
+
+    A multi-head latent attention cache holds one compressed latent and one shared rotary key per token, not
+    per-head keys: a strategy that scores tokens with the model's queries (``query_window != 0``: SnapKV, H2O,
+    TOVA, ...) has nothing to score them against. Strategies that read no queries apply to the latent as to any
+    cache: quantizers quantize it, token evictions drop a token's latent and rotary key together."""
+    if not any(_mla(m) for m in attention_modules(model)):
+        return None
+    config = model.config
+    head = (f"strategy {strategy.name} does not apply to {type(model).__name__} (model_type "
+            f"{getattr(config, 'model_type', '')!r}), which uses {MLA}")
+    if strategy.query_window != 0:
+        return (f"{head}: it scores tokens with the model's queries, and the cache holds no per-head keys to score; "
+                "strategies that read no queries apply (quantizers, streaming_llm, random, knorm, ...)")
+    widths = (int(config.kv_lora_rank), int(config.qk_rope_head_dim))
+    if getattr(strategy, "same_kv_width", False) and widths[0] != widths[1]:
+        return (f"{head}: its store gives keys and values one shape, and the latent ({widths[0]} wide) and the "
+                f"shared rotary key ({widths[1]} wide) differ")
+    return None
+
+
+def describe(model: nn.Module, strategies: Any = ()) -> list[AttentionAdapter]:
+    """Check that kvbench supports ``model``'s architecture (and each of ``strategies`` on it) and return its
+    adapters: one model check for every entry point (the CLI and lm-eval after
+    :func:`kvbench.models.load_model`, :func:`kvbench.generate`, :meth:`kvbench.cache.KVBenchCache.attach`).
+    One :class:`KVBenchError` line otherwise, naming what the layout lacks or the capability kvbench does not
+    handle."""
     line = unsupported(model)
+    if line is None:
+        line = next((r for r in (strategy_refusal(model, s) for s in strategies) if r is not None), None)
     if line is not None:
         raise KVBenchError(line)
     return adapters(model)

@@ -82,12 +82,14 @@ class KVBenchLayer(CacheLayerMixin):
         self.store = store
         self.seen_tokens = 0
         self.kv_shape: tuple[int, int, int] | None = None  # batch, kv_heads, head_dim
+        self.value_dim = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
         self.dtype = key_states.dtype
         b, h, _, d = key_states.shape
         self.kv_shape = (b, h, d)
+        self.value_dim = value_states.shape[-1]  # MLA: the shared rotary key (values slot) is narrower
         self.is_initialized = True
 
     def load(self, keys: torch.Tensor, values: torch.Tensor, capture: LayerCapture | None) -> None:
@@ -183,7 +185,7 @@ class KVBenchCache(Cache):
     def attach(self, model: torch.nn.Module) -> Iterator[QueryRecorder]:
         """Feed each layer store the queries of every forward (needed by attention-aware strategies), once
         ``model`` passed the CLI's model check (:func:`kvbench.arch.describe`)."""
-        describe(model)
+        describe(model, [self.strategy])
         with QueryRecorder(model, self.strategy.query_window) as rec:
             for layer, cap in zip(self.kv_layers, rec.captures, strict=True):
                 layer.store.capture = cap
@@ -216,7 +218,7 @@ class KVBenchCache(Cache):
             tokens = layer.seen_tokens
             if layer.kind.sliding and layer.kind.window is not None:
                 tokens = min(tokens, max(layer.kind.window - 1, 0))
-            total += 2 * b * h * d * tokens * REFERENCE_BYTES_PER_ELEMENT
+            total += b * h * (d + layer.value_dim) * tokens * REFERENCE_BYTES_PER_ELEMENT
         return total
 
     def held_tokens(self) -> list[int]:

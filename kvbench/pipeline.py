@@ -38,8 +38,8 @@ def generate(model: Any, tokenizer: Any, context: str, question: str, strategy: 
     from kvbench.arch import describe, nothing_to_compress
     from kvbench.config import strategy_params
 
-    describe(model)  # the CLI's model check, with its line: nothing is compressed silently wrong
     built = strategies.build(strategy, strategy_params(strategy, params))
+    describe(model, [built])  # the CLI's model check, with its line: nothing is compressed silently wrong
     note = nothing_to_compress(model.config, [strategy])
     if note:
         warnings.warn(note, stacklevel=2)

@@ -13,7 +13,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench import SPEC_VERSION
-from kvbench.arch import nothing_to_compress
+from kvbench.arch import describe, nothing_to_compress
 from kvbench.baselines import BaselineKey
 from kvbench.engine import Engine, check_lengths
 from kvbench.errors import KVBenchError
@@ -90,6 +90,7 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
     attn = cfg.model.get("attn_implementation")
     lm = load_model(cfg.model.name, dtype=dtype, device=device, path=cfg.model.get("path"), seed=cfg.seed,
                     attn_implementation=attn)
+    describe(lm.model, strategies)  # load_model checked the model; this checks each strategy on it (MLA)
     note = nothing_to_compress(lm.model.config, [s.name for s in strategies])
     if note:
         warn(note)

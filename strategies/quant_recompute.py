@@ -317,6 +317,7 @@ class QuantRecompute(Strategy):
 
     name = "quant_recompute"
     family = "recompute"
+    same_kv_width = True  # the recomputed segment and the quantized prefix share one layout
     bits: int = 4
     group_size: int = 32
     recompute_tokens: int = 32

@@ -426,6 +426,7 @@ class Tiered(Strategy):
 
     name = "tiered"
     family = "tiered"
+    same_kv_width = True  # hot and cold segments are reassembled into one K and one V buffer of one shape
     # Its stores hold files and cross-layer prefetch links: a deep copy would share them (kvbench.engine.can_clone).
     cache_copyable = False
     sink_tokens: int = 4

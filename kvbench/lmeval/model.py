@@ -187,6 +187,9 @@ class KVBenchLM(_LMBase):  # type: ignore[misc,valid-type]
             params = OmegaConf.to_container(OmegaConf.merge(  # type: ignore[assignment]
                 OmegaConf.create(params), OmegaConf.from_dotlist([f"{k}={v}" for k, v in dotted.items()])))
         self.strategy = build_strategy(str(strategy), params)
+        from kvbench.arch import describe
+
+        describe(self.model, [self.strategy])  # the CLI's model and strategy check, with its line
         self.hardware = None
         if hardware:
             from kvbench.hardware import load_profile
