@@ -27,6 +27,15 @@ attention type    ``config.layer_types`` (global / sliding / chunked) or, withou
 scaling, soft-cap the module's ``scaling`` and ``attn_logit_softcapping`` (Gemma-2); GPT-OSS's per-head
 sinks            learned sink logits ``module.sinks``, one extra softmax column that takes probability mass
                   and is then dropped (:mod:`kvbench.attention`, ``strategies._eviction``)
+hybrids           linear-attention / state-space layers (Qwen3-Next, Jamba: ``layer_types``
+                  ``linear_attention``) keep transformers' own ``LinearAttentionLayer`` in kvbench's cache;
+                  strategies hold the attention layers only, and the state's bytes are reported beside the KV
+                  bytes. Falcon-H1 (attention and Mamba side by side in one layer) is refused
+latent attention  DeepSeek-V2/V3's MLA: transformers caches the compressed latent (keys slot) and the one
+                  shared rotary key (values slot) per token, so kvbench's stores hold exactly those; queries
+                  come from the low-rank projection with (interleaved) RoPE on their rotary part; strategies
+                  that score with queries or give keys and values one shape are refused
+                  (:func:`strategy_refusal`)
 ================  =======================================================================================
 """
 

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from test_arch_matrix import FAMILIES, REFUSED, _sample, tiny
 
     import strategies
-    from kvbench.arch import capabilities, unsupported
+    from kvbench.arch import capabilities, strategy_refusal, unsupported
     from kvbench.config import strategy_params
     from kvbench.engine import Engine
     from kvbench.hardware import HardwareProfile
@@ -43,34 +43,51 @@ def main(argv: list[str] | None = None) -> int:
     profile = HardwareProfile.from_config(yaml.safe_load((ROOT / "conf" / "hardware" / "cpu.yaml").read_text()))
     names = strategies.available()
     rows: list[list[str]] = []
+    refusals: dict[str, str] = {}  # a strategy refused on a family: its line, once per reason
     for family in [*FAMILIES, *REFUSED]:
         line = unsupported(tiny(family))
         if line is not None:
             why = line.split(" is not supported: ", 1)[-1]
-            rows.append([family, f"refused: {why}", *["refused"] * len(names)])
+            rows.append([family, f"refused: {why}", "", *["refused"] * len(names)])
             print(f"{family}: refused", flush=True)
             continue
         caps = ", ".join(capabilities(tiny(family)))
-        # bfloat16, as models are served: ``full`` then holds exactly its 16-bit reference (0%)
-        model = tiny(family)
-        if hasattr(model, "set_experts_implementation"):  # Llama-4's default MoE path fails in bf16 on CPU
-            model.set_experts_implementation("eager")
-        lm = LoadedModel(family, model.to(torch.bfloat16), ByteTokenizer())
-        engine = Engine(lm, device="cpu", hardware=profile, run_fields={"config_hash": "arch-table"})
         sample = _sample()
-        pre = engine.prefill(sample, None)
+        # bfloat16, as models are served: ``full`` then holds exactly its 16-bit reference (0%). Llama-4's MoE
+        # router fails in bfloat16 on CPU inside transformers; that family's row is float32 (full: -100%).
+        for dtype in (torch.bfloat16, torch.float32):
+            lm = LoadedModel(family, tiny(family).to(dtype), ByteTokenizer())
+            engine = Engine(lm, device="cpu", hardware=profile, run_fields={"config_hash": "arch-table"})
+            try:
+                pre = engine.prefill(sample, None)
+                break
+            except ValueError as exc:
+                print(f"{family}: {dtype} prefill failed in transformers ({exc}); trying float32", flush=True)
+        if dtype == torch.float32:
+            caps += " (float32 row)"
         base = engine.evaluate(strategies.build("full"), sample, pre, None)
+        state = int(base.record["stats"].get("recurrent_state_bytes", 0))
         cells = []
         for name in names:
+            strategy = strategies.build(name, strategy_params(name))
+            refusal = strategy_refusal(engine.model, strategy)
+            if refusal is not None:
+                mark = refusals.setdefault(refusal.split(": ", 1)[1], f"[{len(refusals) + 1}]")
+                cells.append(f"refused {mark}")
+                continue
             try:
-                rec = engine.evaluate(strategies.build(name, strategy_params(name)), sample, pre, base.logp).record
-                cells.append(f"runs ({100 * rec['memory_reduction']:.0f}%)")
+                rec = engine.evaluate(strategy, sample, pre, base.logp).record
+                cell = f"runs ({100 * rec['memory_reduction']:.0f}%"
+                if state:  # a hybrid: the reduction of everything the model holds, recurrent state included
+                    held = 1 - (rec["kv_bytes"] + state) / (rec["kv_bytes_fp16"] + state)
+                    cell += f"; {100 * held:.0f}% with state"
+                cells.append(cell + ")")
             except Exception as exc:  # a cell records what happened; the table is the finding
                 cells.append(f"error: {type(exc).__name__}")
-        rows.append([family, caps, *cells])
+        rows.append([family, caps, f"{state:,}" if state else "", *cells])
         print(f"{family}: {' '.join(cells)}", flush=True)
 
-    head = ["family", "attention capabilities (kvbench.arch)", *names]
+    head = ["family", "attention capabilities (kvbench.arch)", "recurrent state (bytes)", *names]
     lines = [
         "# Model families x strategies",
         "",
@@ -82,11 +99,17 @@ def main(argv: list[str] | None = None) -> int:
         "here) gets 0% from every strategy — kvbench says so in one line when such a run starts. A refused family",
         "names the capability kvbench does not handle (the line every entry point prints); the matrix",
         "(`tests/test_arch_matrix.py`) checks for every supported family that `full`'s bytes equal transformers'",
-        "own cache and its greedy tokens equal `model.generate`.",
+        "own cache and its greedy tokens equal `model.generate`. Hybrids (Qwen3-Next, Jamba): strategies hold the",
+        "attention layers; the recurrent layers keep transformers' own fixed-size state, whose bytes are reported",
+        "beside the KV bytes (`stats.recurrent_state_bytes`), and the second figure is the reduction of all the",
+        "model holds. MLA (DeepSeek-V3): the cache holds transformers' latent and shared rotary key; strategies",
+        "that score with queries or give keys and values one shape are refused, with the reason below.",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "|".join("---" for _ in head) + "|",
         *["| " + " | ".join(r) + " |" for r in rows],
+        "",
+        *[f"{mark} refused because {why}.  " for why, mark in refusals.items()],
         "",
     ]
     args.out.write_text("\n".join(lines))
