@@ -118,8 +118,16 @@ def resolve(choice: str, device: str) -> str:
 
 def use(model: torch.nn.Module, choice: str, device: str) -> str:
     """Switch ``model`` (a transformers model) to the implementation ``choice`` resolves to; return its name."""
+    from kvbench.errors import KVBenchError
+
     name = resolve(choice, device)
+    if choice == "auto" and name == "sdpa" and not getattr(model, "_supports_sdpa", True):
+        name = NAME  # no SDPA for this model (GPT-OSS: SDPA has no sink column); kvbench's attention has them
     if name == NAME:
         register()
-    model.set_attn_implementation(name)
+    try:
+        model.set_attn_implementation(name)
+    except ValueError as exc:  # transformers refuses SDPA for models without it: one line, not a traceback
+        raise KVBenchError(f"engine.attention={choice}: {str(exc).splitlines()[0].split('. ')[0]}; use "
+                           f"engine.attention=auto or {NAME}") from None
     return name

@@ -311,6 +311,17 @@ def test_a_strategy_that_can_change_nothing_is_said_in_one_line() -> None:
         kvbench.generate(mistral, ByteTokenizer(), "abc " * 10, "Q?", strategy="int4", max_new_tokens=1)
 
 
+def test_a_model_without_sdpa_gets_kvbench_attention_or_one_line() -> None:
+    """GPT-OSS has no SDPA (its sinks): ``auto`` picks kvbench's attention on every device, ``sdpa`` is one line."""
+    from kvbench.attention import use
+    from kvbench.errors import KVBenchError
+
+    model = tiny("gpt_oss")
+    assert use(model, "auto", "cuda") == "kvbench"  # resolution only: the tiny model stays on the CPU
+    with pytest.raises(KVBenchError, match=r"engine.attention=sdpa: .*does not support .*; use engine.attention"):
+        use(model, "sdpa", "cpu")
+
+
 def test_every_verified_capability_is_exercised_by_a_family() -> None:
     used = {c for family in FAMILIES for c in capabilities(tiny(family))}
     assert used == VERIFIED, f"claimed but not in the matrix: {sorted(VERIFIED - used)}"
