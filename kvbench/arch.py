@@ -85,6 +85,7 @@ VERIFIED = frozenset({Q_PROJ, QKV_PROJ, Q_NORM_HEAD, Q_NORM_FULL, ROPE, ROPE_COM
                       GLOBAL, SLIDING_WINDOW, CHUNKED_ATTENTION, SOFTCAP, SINKS, GATED_Q, RECURRENT, MLA})
 
 _ROTARY = ("apply_rotary_pos_emb", "apply_rotary_emb")  # cos/sin form, Llama-4's complex form
+_PROJECTIONS = ("q_proj", "qkv_proj", "kv_a_proj_with_mqa")  # separate, fused, MLA's latent projection
 
 
 @dataclass(frozen=True)
@@ -147,9 +148,10 @@ def _attention_kinds(config: Any, mods: list[nn.Module]) -> list[LayerKind]:
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:
     """The self-attention module of every decoder layer, in layer order."""
+    # Submodules looked up in ``_modules`` directly: ``hasattr`` on an nn.Module walks ``__getattr__`` and raises
+    # for every module that lacks the name, and this runs on every entry (cache attach, QueryRecorder).
     mods = [m for m in model.modules()
-            if (hasattr(m, "q_proj") or hasattr(m, "qkv_proj") or hasattr(m, "kv_a_proj_with_mqa"))
-            and getattr(m, "layer_idx", None) is not None]
+            if any(p in m._modules for p in _PROJECTIONS) and getattr(m, "layer_idx", None) is not None]
     return sorted(mods, key=lambda m: m.layer_idx)
 
 
