@@ -53,6 +53,9 @@ class PrefillRow:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     captures: list[LayerCapture]
+    #: A hybrid's recurrent layers after the prefill (transformers' ``LinearAttentionLayer``), by layer index;
+    #: their ``keys``/``values`` entries are ``None``.
+    states: dict[int, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -75,6 +78,10 @@ class Prefill:
     @property
     def captures(self) -> list[LayerCapture]:
         return self.rows[0].captures
+
+    @property
+    def states(self) -> dict[int, Any]:
+        return self.rows[0].states
 
 
 @dataclass
@@ -118,10 +125,14 @@ class Engine:
         with torch.inference_mode(), QueryRecorder(self.model, query_window) as rec, \
                 PeakMemory(self.device) as peak, Timer(self.device) as timer:
             self.model(input_ids=ids, cache=capture_cache, use_cache=True, logits_to_keep=1)
-        keys = [layer.store.keys for layer in capture_cache.layers]
-        values = [layer.store.values for layer in capture_cache.layers]
+        keys = [getattr(getattr(layer, "store", None), "keys", None) for layer in capture_cache.layers]
+        values = [getattr(getattr(layer, "store", None), "values", None) for layer in capture_cache.layers]
+        states = {i: layer for i, layer in enumerate(capture_cache.layers) if layer not in capture_cache.kv_layers}
         if batch == 1:
-            return Prefill([PrefillRow(keys, values, rec.captures)], timer.seconds, peak.peak_bytes)
+            return Prefill([PrefillRow(keys, values, rec.captures, states)], timer.seconds, peak.peak_bytes)
+        if states:
+            raise KVBenchError("engine.batch_size > 1 is not supported for hybrid models (their recurrent layers "
+                               "hold one state per batch row); use engine.batch_size=1")
         # Each row gets storage of its own, so a store holding it (``full``) counts one sample's bytes.
         rows = [PrefillRow([k[r:r + 1].clone() for k in keys], [v[r:r + 1].clone() for v in values],
                            [_capture_row(c, r) for c in rec.captures]) for r in range(batch)]
@@ -144,7 +155,8 @@ class Engine:
 
     def _cache(self, strategy: Strategy, row: PrefillRow) -> tuple[KVBenchCache, float]:
         with Timer(self.device) as t:
-            cache = KVBenchCache.from_capture(strategy, self.model.config, row.keys, row.values, row.captures)
+            cache = KVBenchCache.from_capture(strategy, self.model.config, row.keys, row.values, row.captures,
+                                              row.states)
         return cache, t.seconds
 
     def chunked_prefill(self, strategy: Strategy, prefix: torch.Tensor,
@@ -158,7 +170,7 @@ class Engine:
             for start in range(0, prefix.shape[1], chunk_tokens):
                 self.model(input_ids=prefix[:, start:start + chunk_tokens], cache=cache, use_cache=True,
                            logits_to_keep=1)
-                for layer in cache.layers:
+                for layer in cache.kv_layers:
                     layer.store.compact()
         return cache, timer.seconds, peak.peak_bytes
 
@@ -534,7 +546,8 @@ def _capture_row(cap: LayerCapture, r: int) -> LayerCapture:
     q, pos = cap.queries, cap.positions
     return LayerCapture(cap.layer_idx, cap.num_kv_groups, cap.scaling,
                         queries=None if q is None else q[r:r + 1].clone(),
-                        positions=None if pos is None else (pos[r:r + 1] if pos.shape[0] > 1 else pos))
+                        positions=None if pos is None else (pos[r:r + 1] if pos.shape[0] > 1 else pos),
+                        sinks=cap.sinks)
 
 
 def changes_cache_while_decoding(strategy: Strategy) -> bool:

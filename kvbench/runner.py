@@ -14,6 +14,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench import SPEC_VERSION
+from kvbench.arch import describe, nothing_to_compress
 from kvbench.baselines import BaselineKey
 from kvbench.engine import Engine, check_lengths
 from kvbench.errors import KVBenchError
@@ -92,6 +93,10 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
         print(announce(cfg, strategies), flush=True)
     lm = load_model(cfg.model.name, dtype=dtype, device=device, path=cfg.model.get("path"), seed=cfg.seed,
                     attn_implementation=attn)
+    describe(lm.model, strategies)  # load_model checked the model; this checks each strategy on it (MLA)
+    note = nothing_to_compress(lm.model.config, [s.name for s in strategies])
+    if note:
+        warn(note)
     samples = build_samples(cfg.task.name, cfg.task, lm.tokenizer, lm.max_context)
     for s in samples:
         check_lengths(s, lm.max_context)

@@ -192,6 +192,9 @@ class KVBenchLM(_LMBase):  # type: ignore[misc,valid-type]
             params = OmegaConf.to_container(OmegaConf.merge(  # type: ignore[assignment]
                 OmegaConf.create(params), OmegaConf.from_dotlist([f"{k}={v}" for k, v in dotted.items()])))
         self.strategy = build_strategy(str(strategy), params)
+        from kvbench.arch import describe
+
+        describe(self.model, [self.strategy])  # the CLI's model and strategy check, with its line
         self.hardware = None
         if hardware:
             from kvbench.hardware import load_profile
@@ -305,7 +308,8 @@ class KVBenchLM(_LMBase):  # type: ignore[misc,valid-type]
             ids = torch.tensor([prefix], device=self._device)
             self._last = (key, self.engine.capture(ids, self.strategy.query_window).rows[0])
         row = self._last[1]
-        cache = KVBenchCache.from_capture(self.strategy, self.model.config, row.keys, row.values, row.captures)
+        cache = KVBenchCache.from_capture(self.strategy, self.model.config, row.keys, row.values, row.captures,
+                                          row.states)
         self.stats.add(cache, len(prefix))
         return cache
 
