@@ -47,7 +47,8 @@ def render_claims(check: ClaimCheck) -> str:
     lines += [
         f"Every verdict names its endpoint. The primary endpoint is **{PRIMARY}**: strategy − `{BASELINE}` in "
         "percentage points on identical questions, with a two-sided 95% interval that is clustered by source "
-        "document (measurement spec v1.2 §2.2: Newcombe's paired score interval on Rao–Scott effective counts "
+        "work (the connected components of contexts sharing any source work; \"documents\" below counts them) "
+        "(measurement spec v1.2 §2.2: Newcombe's paired score interval on Rao–Scott effective counts "
         "for binary scores, the exact zero-flip bound when the two never disagree, a paired cluster bootstrap "
         "for continuous scores), and n_questions / n_contexts / n_documents beside it. Memory reduction is "
         "1 − KV bytes held / dense 16-bit bytes.",

@@ -153,13 +153,14 @@ def _header_lines(lb: Leaderboard, style: type = fmt.Markdown) -> list[str]:
         f"filters: {t(m['filters'])}.",
         f"Memory saved: 1 − KV bytes held / dense 16-bit bytes (spec §1). Δ acc.: strategy − {c(BASELINE)} "
         f"accuracy in percentage points on identical samples, pooled over every task at one context length, with "
-        f"the paired 95% interval clustered by source document (spec v1.2 §2.2; per-task columns: per-question "
-        f"intervals{method}, exploratory). Verdict: non-inferiority at that interval against the "
+        f"the paired 95% interval clustered by source work (connected components of shared works, spec v1.2 "
+        f"§2.2; per-task columns clustered the same way{method}, exploratory). Verdict: non-inferiority at that "
+        "interval against the "
         f"{margin_pp():g}-point margin — {t(WITHIN)} (the whole interval above −{margin_pp():g}), "
         f"undetermined (the interval holds both; split by where Δ lies), {t(BEYOND)} (the whole interval at or "
         f"below −{margin_pp():g}), Holm-adjusted over the strategies ranked in the setting (spec §2.3). Rows are "
         "sorted by the verdict, then memory saved; rows equal in all of these are ties (=). n: questions / "
-        "distinct documents behind the pooled Δ.",
+        "clusters of shared works behind the pooled Δ.",
     ] + ([f"{style.bold('Group-sequential')} (spec v1.2 §2.5): every figure is {style.bold('look ' + t(m['look']))} "
           f"of {t(m['n_looks'])} ({t(m['look_contexts'])} contexts of every task); verdicts are taken at the "
           f"design's looks against their nominal levels, not at 0.025 ({t(m['design'])})"
