@@ -353,7 +353,7 @@ class Look:
             early = " (a look published before the design, charged to its spending)" if self.charged else ""
             return (f"group-sequential, decided at look {self.decided_at} of {self.n_looks}{early}: one-sided p = "
                     f"{_p(self.p_decided)}, below that look's level {_p(self.level)} ({self.spending} boundary "
-                    f"of its Holm share {_p(self.share)})")
+                    f"of its share of alpha {_p(self.share)})")
         if not self.look:
             return "group-sequential: before the first look, no verdict"
         if self.share == 0:
@@ -367,11 +367,11 @@ class Look:
             # questions under this design could still decide it.
             return (f"group-sequential, the design's last look ({where}: its planned n): one-sided p = "
                     f"{_p(p_holds)} (holds) and {_p(p_fails)} (fails), neither below the last look's level "
-                    f"{_p(self.level)} ({self.spending} boundary of its Holm share {_p(self.share)}){rci}; the "
+                    f"{_p(self.level)} ({self.spending} boundary of its share of alpha {_p(self.share)}){rci}; the "
                     "design ends undetermined: the planned contexts were too few for the observed difference and "
                     "discordance")
         return (f"group-sequential, {where}: one-sided p = {_p(p_holds)} (holds) and {_p(p_fails)} (fails), either "
-                f"needs to be below {_p(self.level)} at this look ({self.spending} boundary of its Holm share "
+                f"needs to be below {_p(self.level)} at this look ({self.spending} boundary of its share of alpha "
                 f"{_p(self.share)}){rci}")
 
     @property
@@ -428,7 +428,7 @@ class NonInferiority:
     def level_text(self) -> str:
         """The one-sided level :meth:`questions_needed` plans for, in words."""
         if self.look is not None and not math.isnan(self.look.final_level):
-            return (f"one-sided {_p(self.look.final_level)}: the last look's level for a Holm share of "
+            return (f"one-sided {_p(self.look.final_level)}: the last look's level for a share of alpha of "
                     f"{_p(self.look.share)}")
         return f"one-sided {ALPHA:g} level"
 

@@ -126,8 +126,13 @@ class Design:
             early = ", ".join(str(c) for c in self.charged)
             return (f"{self.n_looks} looks: {len(self.planned_looks)} pre-registered ({planned}) and "
                     f"{len(self.charged)} published before the design was registered ({early} contexts per task), "
-                    "charged to the same spending at their information fractions; Holm through the looks")
-        return f"{self.n_looks} looks, {planned}, Holm through the looks"
+                    f"charged to the same spending at their information fractions; {self.rule} through the looks")
+        return f"{self.n_looks} looks, {planned}, {self.rule} through the looks"
+
+    @property
+    def rule(self) -> str:
+        """The multiple test carried through the looks, in words."""
+        return "Holm" if self.multiplicity == "holm" else "the gatekeeping graph"
 
     @classmethod
     def from_mapping(cls, data: Mapping, planned: int | None) -> Design:

@@ -73,7 +73,8 @@ def render_claims(check: ClaimCheck) -> str:
             f"**Group-sequential design** (spec v1.2 §2.5): this store grows in rounds and is judged while it grows, "
             f"so the headline's verdicts are taken only at pre-registered looks — {check.design.describe()}. "
             "Each look's one-sided p is compared with that look's nominal level (the tail beyond its boundary for "
-            "the hypothesis's current Holm share of alpha), not with alpha; a verdict reached at a look is kept. "
+            "the hypothesis's current share of alpha: Holm's, or the design's graph's), not with alpha; a verdict "
+            "reached at a look is kept. "
             f"{where}{later}. The scenario verdicts below are not part of the design: read them as exploratory.",
             "",
         ]
@@ -116,7 +117,7 @@ def _registration(check: ClaimCheck) -> list[str]:
                       "boundary pays for them and the verdicts below are re-stated under that accounting (a verdict "
                       "published at a fixed-sample level at those looks stands only where it is reached here). As "
                       "they were actually published — those looks judged at the fixed-sample level, then the "
-                      f"design's looks — a hypothesis at its first Holm share of this family ({_p_cell(share)}) "
+                      f"design's looks — a hypothesis at its first share of alpha in this family ({_p_cell(share)}) "
                       f"carried a one-sided error of {_p_cell(err)}, not {_p_cell(share)} (Monte Carlo, 10^6 "
                       "Brownian paths).")
     return lines + [""]
