@@ -40,17 +40,30 @@ def statements(readme: str) -> list[str]:
     return out
 
 
+DECIDED = re.compile(r"p = (\d[\d.e-]*\d) < (\d[\d.e-]*\d)")
+STRATEGY = re.compile(r"\b(int8|fp8|bfp)\b")
+
+
 def cited(sentence: str) -> dict[str, list]:
-    pp = PP.findall(sentence)
+    """The figures a statement cites; a Δ interval keyed by the strategy named last before it."""
+    pp = [((STRATEGY.findall(sentence[: m.start()]) or ["*"])[-1], *m.groups()) for m in PP.finditer(sentence)]
     pct = PCT.findall(sentence)
+    decided = [(float(a), float(b)) for a, b in DECIDED.findall(sentence)]
     rest = PCT.sub("", PP.sub("", sentence))
-    return {"pp": pp, "pct": pct, "p": [float(v) for v in PVALUE.findall(rest)],
+    return {"pp": pp, "pct": pct, "decided": decided, "p": [float(v) for v in PVALUE.findall(rest)],
             "look": [m[0] for m in LOOK.findall(rest)], "needed": [n.replace(",", "") for n in NEEDED.findall(rest)]}
 
 
 def printed_figures(text: str) -> dict[str, set]:
     text = _plain(text)
-    return {"pp": set(PP.findall(text)), "pct": set(PCT.findall(text)),
+    pp = {("*", *t) for t in PP.findall(text)}
+    for line in text.splitlines():  # a Δ [interval] belongs to the strategy named last before it
+        for m in PP.finditer(line):
+            named = re.findall(r"`(int8|fp8|bfp)\(", line[: m.start()])
+            if named:
+                pp.add((named[-1], *m.groups()))
+    decided = {(float(a), float(b)) for a, b in re.findall(r"(\d[\d.e-]*\d) < (\d[\d.e-]*\d) \(look", text)}
+    return {"pp": pp, "pct": set(PCT.findall(text)), "decided": decided,
             "p": {float(v) for v in re.findall(r"(?<![\d.])(\d\.\d+e-\d+|\d\.\d+|\d+)(?![\d.])", text)},
             "look": {m[0] for m in LOOK.findall(text)}, "needed": {n.replace(",", "") for n in
                                                                   re.findall(r"~(\d[\d,]*)", text)}}
@@ -72,7 +85,7 @@ def test_readme_verdict_statements_cite_the_claim_checks_numbers():
     # the pooled headline's verdict is stated with the claim check's own interval
     pooled = re.search(r"`int8\(axis=token,group_size=64\)` − `full` = " + S + r" pp \[95% CI " + S + ", " + S + r"\]"
                        r"[^\n]*\n", CHECKS[0].read_text().split("(pooled)**", 1)[-1])
-    assert pooled and any(pooled.group(1, 2, 3) in cited(s)["pp"] for s in said)
+    assert pooled and any(("int8", *pooled.group(1, 2, 3)) in cited(s)["pp"] for s in said)
 
 
 def test_the_extraction_reads_what_a_statement_cites():
@@ -81,5 +94,10 @@ def test_the_extraction_reads_what_a_statement_cites():
                    "A line about setup with 2 numbers.")
     assert len(s) == 1
     c = cited(s[0])
-    assert c["pp"] == [("-0.1", "-0.6", "+0.4")] and c["pct"] == [("-0.17", "-1.25", "+0.89")]
+    assert c["pp"] == [("int8", "-0.1", "-0.6", "+0.4")] and c["pct"] == [("-0.17", "-1.25", "+0.89")]
+    assert c["decided"] == [(0.0012, 0.0047)]
     assert c["p"] == [0.0012, 0.0047] and c["look"] == ["17"] and c["needed"] == ["13878"]
+    # a deciding p is cited beside its own level: another look's p next to it is not in the claim check
+    check = printed_figures("| `bfp(x)` | +0.0 pp [95% CI -0.8, +0.8] | 0.0069 | 0.0053 < 0.0071 (look 14, decided) |")
+    assert (0.0053, 0.0071) in check["decided"] and (0.0069, 0.0071) not in check["decided"]
+    assert ("bfp", "+0.0", "-0.8", "+0.8") in check["pp"] and ("int8", "+0.0", "-0.8", "+0.8") not in check["pp"]
