@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench import SPEC_VERSION
+from kvbench.arch import describe, nothing_to_compress
 from kvbench.baselines import BaselineKey
 from kvbench.engine import Engine, check_lengths
 from kvbench.errors import KVBenchError
@@ -78,7 +80,7 @@ def dataset_name(task_cfg: Any) -> str:
 def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFrame:
     """Execute one job and return its summary table. ``strategies``: those :func:`validate_cfg` built for
     ``cfg`` (``full`` first); built here when not given."""
-    from kvbench import identity, linear
+    from kvbench import identity
 
     profile, device = _hardware(cfg)
     if getattr(profile, "threads", None):
@@ -87,37 +89,25 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
         strategies = resolve_strategies(cfg)
     dtype = cfg.model.get("dtype") or profile.dtype
     attn = cfg.model.get("attn_implementation")
+    if cfg.engine.progress:
+        print(announce(cfg, strategies), flush=True)
     lm = load_model(cfg.model.name, dtype=dtype, device=device, path=cfg.model.get("path"), seed=cfg.seed,
                     attn_implementation=attn)
+    describe(lm.model, strategies)  # load_model checked the model; this checks each strategy on it (MLA)
+    note = nothing_to_compress(lm.model.config, [s.name for s in strategies])
+    if note:
+        warn(note)
     samples = build_samples(cfg.task.name, cfg.task, lm.tokenizer, lm.max_context)
     for s in samples:
         check_lengths(s, lm.max_context)
     # Checked after every input is validated, so bad input leaves results_dir untouched.
     results_dir = _writable_results_dir(cfg.results_dir)
 
-    task_cfg = OmegaConf.to_container(cfg.task, resolve=True)
-    chunk_tokens = int(cfg.engine.chunk_tokens) if cfg.engine.prefill == "chunked" else 0
-    hardware = identity.hardware_fields(profile)
-    hardware_digest = stable_hash(hardware, 64)
-    task_inputs = identity.task_digest(cfg.task.name, cfg.task)
-    # The directory actually read (absolute), so two checkpoints never look alike in the store.
-    model_path = str(lm.source_dir.resolve()) if cfg.model.get("path") and lm.source_dir else cfg.model.get("path")
-    hub_id = None if lm.source_dir or cfg.model.name == "tiny-llama" else str(model_path or cfg.model.name)
-    model_digest = identity.model_digest(lm, lm.source_dir, hub_id)
-    determinants = identity.determinants(
-        spec=SPEC_VERSION, task_name=str(cfg.task.name), task_cfg=task_cfg, task_inputs=task_inputs,
-        model_name=lm.name, model_digest=model_digest, dtype=dtype,
-        device=device, hardware=hardware, seed=int(cfg.seed), prefill=str(cfg.engine.prefill),
-        chunk_tokens=chunk_tokens)
-    if attn:  # only when chosen, so runs under transformers' default keep their identity
-        determinants["attn_implementation"] = str(attn)
-    linear_choice = linear.resolve(str(cfg.engine.get("linear", "auto")), device, lm.model)
-    if linear_choice != "native":  # float32 sums in another order can flip a near-tie: a different run
-        determinants["linear"] = linear_choice
-    config_hash = identity.config_hash(determinants, strategies)
-    dataset = dataset_name(cfg.task)
-    # Slugs + hash: no config value can steer a path; the real names stay in the records.
-    run_id = f"{slug(dataset)}-{slug(lm.name)}-{config_hash}"
+    ident = run_identity(cfg, lm, strategies, profile, device, dtype)
+    determinants, config_hash, run_id = ident.determinants, ident.config_hash, ident.run_id
+    task_cfg, task_inputs, model_path = ident.task_cfg, ident.task_inputs, ident.model_path
+    hardware_digest, model_digest, dataset = ident.hardware_digest, ident.model_digest, ident.dataset
+    chunk_tokens, linear_choice = ident.chunk_tokens, ident.linear
     store = RunStore(results_dir, run_id)
     _inside(store.dir, results_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -170,10 +160,86 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
     return summary
 
 
+def announce(cfg: DictConfig, strategies: list[Strategy]) -> str:
+    """The run's first line, printed before the model loads: what will run, where it goes, and the time it is
+    expected to take from the medians measured in the store (this run's, else the checkout's ``results/``)."""
+    from kvbench.projection import JobInfo, _fmt_duration, project
+
+    n = int(cfg.task.get("n_samples") or 1)
+    qpc = int(cfg.task.get("questions_per_context") or 1)
+    tokens = int(cfg.task.get("context_tokens") or 0)
+    job = JobInfo(str(cfg.model.name), str(cfg.hardware.name), tokens, n, [(s.name, s.label()) for s in strategies],
+                  str(cfg.results_dir), qpc)
+    what = (f"kvbench: {dataset_name(cfg.task)}, {n * qpc} question(s)"
+            + (f" on {n} context(s)" if qpc > 1 else "") + f" x {len(strategies)} strategies "
+            f"({', '.join(s.name for s in strategies)}) on {cfg.model.name}"
+            + (f" at {tokens} tokens" if tokens else "") + f", into {cfg.results_dir}")
+    for store in dict.fromkeys([str(cfg.results_dir), "results"]):
+        p = project([job], store)
+        if p.measured:
+            return (f"{what}; expected ~{_fmt_duration(p.seconds)} plus model loading "
+                    f"(medians measured in {store}/store)")
+    return f"{what}; no measured rate for it yet (the first sample's time gives the ETA)"
+
+
+@dataclass
+class RunIdentity:
+    """What names a job's run (:func:`run_identity`)."""
+
+    determinants: dict[str, Any]
+    config_hash: str
+    run_id: str
+    task_cfg: dict[str, Any]
+    task_inputs: dict[str, Any]
+    model_path: Any
+    model_digest: str
+    hardware_digest: str
+    dataset: str
+    chunk_tokens: int
+    linear: str
+
+
+def run_identity(cfg: DictConfig, lm: Any, strategies: list[Strategy], profile: Any, device: str,
+                 dtype: str) -> RunIdentity:
+    """The run a job's records belong to: its determinants (kvbench.identity), config hash and run id. Shared by
+    :func:`run` and the sweep's dry run, which counts a job's finished samples under the same id."""
+    from kvbench import identity, linear
+
+    task_cfg = OmegaConf.to_container(cfg.task, resolve=True)
+    chunk_tokens = int(cfg.engine.chunk_tokens) if cfg.engine.prefill == "chunked" else 0
+    hardware = identity.hardware_fields(profile)
+    hardware_digest = stable_hash(hardware, 64)
+    task_inputs = identity.task_digest(cfg.task.name, cfg.task)
+    # The directory actually read (absolute), so two checkpoints never look alike in the store.
+    model_path = str(lm.source_dir.resolve()) if cfg.model.get("path") and lm.source_dir else cfg.model.get("path")
+    hub_id = None if lm.source_dir or cfg.model.name == "tiny-llama" else str(model_path or cfg.model.name)
+    model_digest = identity.model_digest(lm, lm.source_dir, hub_id)
+    determinants = identity.determinants(
+        spec=SPEC_VERSION, task_name=str(cfg.task.name), task_cfg=task_cfg, task_inputs=task_inputs,
+        model_name=lm.name, model_digest=model_digest, dtype=dtype,
+        device=device, hardware=hardware, seed=int(cfg.seed), prefill=str(cfg.engine.prefill),
+        chunk_tokens=chunk_tokens)
+    attn = cfg.model.get("attn_implementation")
+    if attn:  # only when chosen, so runs under transformers' default keep their identity
+        determinants["attn_implementation"] = str(attn)
+    linear_choice = linear.resolve(str(cfg.engine.get("linear", "auto")), device, lm.model)
+    if linear_choice != "native":  # float32 sums in another order can flip a near-tie: a different run
+        determinants["linear"] = linear_choice
+    config_hash = identity.config_hash(determinants, strategies)
+    dataset = dataset_name(cfg.task)
+    # Slugs + hash: no config value can steer a path; the real names stay in the records.
+    run_id = f"{slug(dataset)}-{slug(lm.name)}-{config_hash}"
+    return RunIdentity(determinants, config_hash, run_id, task_cfg, task_inputs, model_path, model_digest,
+                       hardware_digest, dataset, chunk_tokens, linear_choice)
+
+
 def _run_with_progress(engine: Engine, samples: list[Sample], strategies: list[Strategy], done: set[str],
                        store: RunStore, baseline_dir: Path | None, baseline_key: Any, show: bool,
                        chunk_tokens: int, batch_size: int = 1, max_new: int = 0) -> None:
     """One bar step per (sample, strategy) evaluation, labelled with the strategy running, with an ETA."""
+    import sys
+    import time
+
     from rich.markup import escape
     from rich.progress import (
         BarColumn,
@@ -184,15 +250,31 @@ def _run_with_progress(engine: Engine, samples: list[Sample], strategies: list[S
         TimeRemainingColumn,
     )
 
+    from kvbench.projection import _fmt_duration
+
+    # A bar on a terminal; elsewhere (a log, CI, `| tee`) a bar is only drawn at the end, so one line per
+    # finished sample instead, with its ETA.
+    terminal = sys.stdout.isatty()
+    total = len(samples) * len(strategies)
+    start, evaluated, resumed = time.monotonic(), [0], [0]
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("eta"), TimeRemainingColumn(), disable=not show, transient=False) as bar:
-        tid = bar.add_task("sample x strategy", total=len(samples) * len(strategies))
+                  TextColumn("eta"), TimeRemainingColumn(), disable=not (show and terminal), transient=False) as bar:
+        tid = bar.add_task("sample x strategy", total=total)
 
         def progress(n_done: int, strategy: str) -> None:
             if strategy:  # escaped: rich would read a label like `[full, int8]` as markup and drop it
                 bar.update(tid, description=escape(f"sample x strategy: {strategy}"))
             if n_done:
                 bar.advance(tid, n_done)
+                if not strategy:  # a sample stored by an earlier run: skipped, not measured
+                    resumed[0] += n_done
+                before, evaluated[0] = evaluated[0], evaluated[0] + n_done
+                if show and not terminal and strategy and evaluated[0] // len(strategies) > before // len(strategies):
+                    elapsed = time.monotonic() - start
+                    eta = elapsed / max(evaluated[0] - resumed[0], 1) * (total - evaluated[0])
+                    kept = f", {resumed[0] // len(strategies)} kept from earlier runs" if resumed[0] else ""
+                    print(f"kvbench: {evaluated[0] // len(strategies)} of {len(samples)} samples stored{kept} "
+                          f"({_fmt_duration(elapsed)} elapsed, eta {_fmt_duration(eta)})", flush=True)
 
         run_samples(engine, samples, strategies, done, store.append, baseline_dir, baseline_key,
                     progress=progress, chunk_tokens=chunk_tokens, batch_size=batch_size, max_new=max_new)
