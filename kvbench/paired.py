@@ -18,6 +18,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,12 @@ HOLDS, FAILS, UNDETERMINED = "holds", "fails", "undetermined at this n"
 PLANNED_N = "undetermined at the planned n"
 PRIMARY = "task accuracy"
 SECONDARY = ("gold-answer NLL, relative change", "top-1 agreement", "KL(full ‖ strategy), nats")
+#: The reader's loss (spec v1.2 §2.6): declared secondary endpoints on the task score, in percent, each with a
+#: paired cluster-bootstrap interval — the relative change of accuracy, retention (of the questions the baseline
+#: answers, the share the strategy still answers) and churn (the share of questions whose score changed).
+READER = ("relative change", "retention", "churn")
+#: "<1% relative loss": the relative change's whole interval above −1% holds, its whole interval below fails.
+RELATIVE_MARGIN = 0.01
 
 
 # ------------------------------------------------------------------------------------------- clusters
@@ -56,23 +63,40 @@ def _present(v: Any) -> bool:
 
 
 @functools.lru_cache(maxsize=65536)
-def _first_source_doc(meta: str) -> str | None:
+def _source_docs(meta: str) -> tuple[str, ...]:
     docs = _meta(meta).get("source_docs")
-    return str(docs[0]) if isinstance(docs, (list, tuple)) and docs else None
+    return tuple(str(d) for d in docs) if isinstance(docs, (list, tuple)) else ()
 
 
 def document_ids(records: pd.DataFrame) -> pd.Series:
-    """Each record's document: ``document_id``, else ``sample_meta["source_docs"][0]``, else the sample id;
-    prefixed by the task."""
+    """Each record's cluster: the connected component of shared source works (spec v1.2 §2.2's "coarsest shared
+    unit"), prefixed by the task. A context's works are its ``document_id`` and every ``sample_meta["source_docs"]``
+    entry (a legal context can join several licences); two contexts sharing any work are one cluster, and so on
+    transitively. A record with neither is its own cluster (its sample id). Named by the component's smallest work.
+    """
     n = len(records)
     given = records["document_id"] if "document_id" in records else pd.Series([None] * n, index=records.index)
     meta = records["sample_meta"] if "sample_meta" in records else pd.Series([None] * n, index=records.index)
-    out = []
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    works = []
     for task, doc, m, sid in zip(records["task"], given, meta, records["sample_id"], strict=True):
-        if not _present(doc):
-            doc = (_first_source_doc(m) if isinstance(m, str) else None) or sid
-        out.append(f"{task}:{doc}")
-    return pd.Series(out, index=records.index, dtype=object)
+        ws = ([str(doc)] if _present(doc) else []) + list(_source_docs(m) if isinstance(m, str) else ())
+        ws = [f"{task}:{w}" for w in dict.fromkeys(ws)] or [f"{task}:{sid}"]
+        works.append(ws)
+        root = find(ws[0])
+        for w in ws[1:]:
+            other = find(w)
+            if other != root:  # the smaller name roots the component, so labels never depend on row order
+                root, other = min(root, other), max(root, other)
+                parent[other] = root
+    return pd.Series([find(ws[0]) for ws in works], index=records.index, dtype=object)
 
 
 def context_ids(records: pd.DataFrame) -> pd.Series:
@@ -109,6 +133,9 @@ class Comparison:
     scale: float = 100.0  # endpoint unit per fraction (points)
     unit: str = "pp"
     test: Any = field(default=None, repr=False, compare=False)  # stats.PairedBinary | ClusterBootstrap | None
+    # The paired cluster bootstrap of the same differences: the sensitivity check of a binary verdict near its
+    # boundary (spec v1.2 §2.6); resamples are drawn only when it is read.
+    bootstrap: Any = field(default=None, repr=False, compare=False)
 
     @property
     def binary(self) -> bool:
@@ -136,8 +163,8 @@ class Comparison:
         return f"n = {self.n_questions} questions / {ctx} contexts / {docs} documents"
 
     def interval_text(self) -> str:
-        unit = f" {self.unit}" if self.unit else ""
-        spec = "+.1f" if self.unit == "pp" else "+.3g"
+        unit = f" {self.unit}" if self.unit == "pp" else self.unit
+        spec = {"pp": "+.1f", "%": "+.2f"}.get(self.unit, "+.3g")
         if math.isnan(self.low):
             return f"{fmt.number(self.estimate, spec)}{unit} (no interval: {self.method})"
         return fmt.interval(self.estimate, self.low, self.high, spec, unit=unit, label="95% CI ")
@@ -217,9 +244,47 @@ def compare(records: pd.DataFrame, a: str, b: str, seed: int = 0) -> Comparison 
     deff = stats.design_effect(sa - sb, docs, baseline=sb)
     test = stats.PairedBinary(counts, deff)
     lo, hi = test.interval()
-    return Comparison(a, b, PRIMARY, 100 * test.estimate, 100 * lo, 100 * hi, method_prefix + test.method,
+    # The estimate from the exact counts (one rounding for every page that prints it: -45/1200 is -3.75 pp).
+    exact = float(Fraction(100 * (counts.only_a - counts.only_b), counts.n))
+    return Comparison(a, b, PRIMARY, exact, 100 * lo, 100 * hi, method_prefix + test.method,
                       **sizes, deff=deff.value, deff_source=deff.source, a_mean=float(sa.mean()),
-                      b_mean=float(sb.mean()), only_a=counts.only_a, only_b=counts.only_b, test=test)
+                      b_mean=float(sb.mean()), only_a=counts.only_a, only_b=counts.only_b, test=test,
+                      bootstrap=stats.ClusterBootstrap(sa - sb, docs, seed=seed))
+
+
+def reader_loss(records: pd.DataFrame, strategy: str, baseline: str, seed: int = 0) -> list[Comparison]:
+    """The reader's loss of ``strategy`` against ``baseline`` (:data:`READER`), in percent, each with a paired
+    cluster-bootstrap interval (whole clusters of shared works resampled) and its n: relative change
+    ``sum(s − b) / sum(b)``, retention ``sum(s · b) / sum(b)``, churn ``mean(s != b)``. An endpoint with no
+    interval (constant, or a baseline that never scores) says so in its method."""
+    both = _pair(records, strategy, baseline, ["score"])
+    if both.empty:
+        return []
+    sa, sb = both["score_a"].to_numpy(float), both["score_b"].to_numpy(float)
+    docs = tuple(both["_doc"])
+    sizes = dict(n_questions=len(both), n_contexts=both["_ctx"].nunique(), n_documents=len(set(docs)))
+    out = []
+    for name, num, den in ((READER[0], sa - sb, sb), (READER[1], sa * sb, sb),
+                           (READER[2], (sa != sb).astype(float), None)):
+        boot = stats.ClusterBootstrap(num, docs, den, seed=seed)
+        lo, hi = boot.interval()
+        method = "cluster-bootstrap"
+        if boot.degenerate or math.isnan(boot.estimate):
+            lo = hi = float("nan")
+            method = "no interval: constant on every question" if not math.isnan(boot.estimate) else \
+                "undefined: the baseline never scores"
+        out.append(Comparison(strategy, baseline, name, 100 * boot.estimate, 100 * lo, 100 * hi, method, **sizes,
+                              unit="%", test=None if math.isnan(lo) else boot))
+    return out
+
+
+def relative_verdict(c: Comparison, margin: float = RELATIVE_MARGIN) -> str:
+    """"<1% relative loss" read on the relative change's clustered 95% interval (a secondary endpoint: no alpha
+    of the design's family is spent on it): holds when the whole interval is above −margin, fails when it is
+    wholly below, undetermined otherwise."""
+    if math.isnan(c.low):
+        return UNDETERMINED
+    return HOLDS if c.low > -100 * margin else FAILS if c.high < -100 * margin else UNDETERMINED
 
 
 def secondary(records: pd.DataFrame, strategy: str, baseline: str, seed: int = 0) -> list[Comparison]:
@@ -275,6 +340,8 @@ class Look:
     # the repeated confidence interval whose position against −margin the verdict reads (Jennison & Turnbull
     # 2000, ch. 9); it straddles the margin exactly when the look decides nothing.
     repeated: tuple[float, float] = (float("nan"), float("nan"))
+    charged: bool = False  # the deciding look is one published before the design was registered (charged)
+    exploratory: bool = False  # the scope is outside the design's family (spec v1.2 §2.6)
 
     def repeated_text(self) -> str:
         lo, hi = self.repeated
@@ -283,11 +350,16 @@ class Look:
     def text(self, p_holds: float, p_fails: float = float("nan")) -> str:
         where = f"look {self.look} of {self.n_looks} ({self.contexts} contexts per task)"
         if self.decided_at:
-            return (f"group-sequential, decided at look {self.decided_at} of {self.n_looks}: one-sided p = "
+            early = " (a look published before the design, charged to its spending)" if self.charged else ""
+            return (f"group-sequential, decided at look {self.decided_at} of {self.n_looks}{early}: one-sided p = "
                     f"{_p(self.p_decided)}, below that look's level {_p(self.level)} ({self.spending} boundary "
-                    f"of its Holm share {_p(self.share)})")
+                    f"of its share of alpha {_p(self.share)})")
         if not self.look:
             return "group-sequential: before the first look, no verdict"
+        if self.share == 0:
+            return (f"group-sequential, {where}: one-sided p = {_p(p_holds)} (holds) and {_p(p_fails)} (fails), "
+                    "not tested: its share of alpha is 0 until a hypothesis before it in the design's gatekeeping "
+                    "order (the same strategy, pooled) is rejected")
         rci = (f"; the repeated confidence interval at that level is {self.repeated_text()}" if self.repeated_text()
                else "")
         if self.final:
@@ -295,11 +367,11 @@ class Look:
             # questions under this design could still decide it.
             return (f"group-sequential, the design's last look ({where}: its planned n): one-sided p = "
                     f"{_p(p_holds)} (holds) and {_p(p_fails)} (fails), neither below the last look's level "
-                    f"{_p(self.level)} ({self.spending} boundary of its Holm share {_p(self.share)}){rci}; the "
+                    f"{_p(self.level)} ({self.spending} boundary of its share of alpha {_p(self.share)}){rci}; the "
                     "design ends undetermined: the planned contexts were too few for the observed difference and "
                     "discordance")
         return (f"group-sequential, {where}: one-sided p = {_p(p_holds)} (holds) and {_p(p_fails)} (fails), either "
-                f"needs to be below {_p(self.level)} at this look ({self.spending} boundary of its Holm share "
+                f"needs to be below {_p(self.level)} at this look ({self.spending} boundary of its share of alpha "
                 f"{_p(self.share)}){rci}")
 
     @property
@@ -322,6 +394,18 @@ class NonInferiority:
     family_size: int
     verdict: str
     look: Look | None = None
+    # Within a factor of 2 of its boundary: the cluster bootstrap's (p, low, high, level) — a second interval
+    # method beside the deciding one (spec v1.2 §2.6); () otherwise.
+    sensitivity: tuple[float, ...] = ()
+
+    def sensitivity_text(self) -> str:
+        """``cluster bootstrap p = 0.0031 vs 0.0047, [-0.61, +0.42]`` (and whether it agrees), or ``""``."""
+        if not self.sensitivity:
+            return ""
+        pb, lo, hi, level = self.sensitivity
+        agrees = (pb < level) == (self.verdict in (HOLDS, FAILS))
+        return (f"cluster bootstrap p = {_p(pb)} vs {_p(level)}, interval at that level "
+                f"[{lo:+.1f}, {hi:+.1f}]: {'agrees' if agrees else 'disagrees'}")
 
     @property
     def verdict_text(self) -> str:
@@ -334,8 +418,8 @@ class NonInferiority:
         """Questions that would decide this verdict (0 once decided): spec §2.4's paired count at the one-sided
         level the verdict must meet — alpha at a fixed n; under a sequential design, the last look's nominal
         level for the member's Holm share (its largest n: early stopping only ever needs fewer)."""
-        if self.verdict != UNDETERMINED:
-            return 0
+        if self.verdict != UNDETERMINED or (self.look is not None and self.look.share == 0):
+            return 0  # decided, or gated (no alpha to spend until its gate opens: no n decides it by itself)
         level = CI_LEVEL
         if self.look is not None and not math.isnan(self.look.final_level):
             level = 1 - 2 * self.look.final_level
@@ -344,7 +428,7 @@ class NonInferiority:
     def level_text(self) -> str:
         """The one-sided level :meth:`questions_needed` plans for, in words."""
         if self.look is not None and not math.isnan(self.look.final_level):
-            return (f"one-sided {_p(self.look.final_level)}: the last look's level for a Holm share of "
+            return (f"one-sided {_p(self.look.final_level)}: the last look's level for a share of alpha of "
                     f"{_p(self.look.share)}")
         return f"one-sided {ALPHA:g} level"
 
@@ -382,51 +466,108 @@ def noninferiority(comparisons: Sequence[Comparison], margin: float = MARGIN_PP,
             verdict = HOLDS if ha < alpha else FAILS if fa < alpha else UNDETERMINED
         else:
             verdict = HOLDS if c.low > -margin else FAILS if c.high < -margin else UNDETERMINED
-        out.append(NonInferiority(c, margin, h, f, ha, fa, len(comparisons), verdict))
+        # The unadjusted p's own threshold is alpha scaled by Holm's multiplier (adjusted / raw).
+        up = verdict == HOLDS or (verdict == UNDETERMINED and c.estimate > -margin)
+        raw, adj = (h, ha) if up else (f, fa)
+        level = alpha * raw / adj if have and adj > 0 else float("nan")
+        out.append(NonInferiority(c, margin, h, f, ha, fa, len(comparisons), verdict,
+                                  sensitivity=_sensitivity(c, raw, level, margin, up)))
     return out
+
+
+#: A design's name for the pooled scope (every task of the records, at one context length).
+POOLED = "pooled"
+
+
+def _sensitivity(c: Comparison | None, p: float, level: float, margin: float, holds: bool) -> tuple[float, ...]:
+    """The cluster bootstrap's one-sided p and interval at ``level`` (two-sided 1 − 2 x level) for a decision whose
+    p is within a factor of 2 of its level (spec v1.2 §2.6): a second interval method where the first one's
+    verdict is close. () when not close, or no bootstrap (continuous scores already use it)."""
+    if c is None or c.bootstrap is None or math.isnan(p) or math.isnan(level) or not level / 2 <= p <= 2 * level:
+        return ()
+    boot = c.bootstrap
+    pb = boot.p_greater(-margin / c.scale) if holds else boot.p_less(-margin / c.scale)
+    lo, hi = boot.interval(1 - 2 * level)
+    return (pb, c.scale * lo, c.scale * hi, level)
 
 
 def noninferiority_through_looks(records: pd.DataFrame, strategies: Sequence[str], baseline: str,
                                  design: sequential.Design, margin: float = MARGIN_PP,
-                                 alpha: float = ALPHA) -> list[NonInferiority]:
+                                 alpha: float = ALPHA, scope: str | None = None) -> list[NonInferiority]:
     """Each strategy's non-inferiority verdict against ``baseline`` at ``−margin`` under a sequential
     ``design``: the comparisons of every complete look (nested prefixes of ``records``), Holm through the
     looks in each direction (:func:`kvbench.sequential.holm_through_looks`). A verdict, once reached, is kept;
-    the comparison shown is the last complete look's. Strategies without a comparison are left out."""
+    the comparison shown is the last complete look's. Strategies without a comparison are left out.
+
+    Without ``design.scopes`` ``records`` are the one scope judged. With them (spec v1.2 §2.6) ``records`` are
+    every task at one context length and the family is every (scope, strategy) hypothesis of the declared scopes
+    (:data:`POOLED`: all of ``records``; a task: its records), Holm over all of them; ``scope`` picks whose
+    verdicts are returned (None: the pooled one). A scope the design does not declare is judged as its own
+    family and its verdicts are flagged exploratory."""
+    tasks = sorted(set(records["task"])) if "task" in records else []
+    want = scope or POOLED
+    if design.scopes and want in design.scopes and (want == POOLED or want in tasks):
+        scopes, exploratory = [sc for sc in design.scopes if sc == POOLED or sc in tasks], False
+    else:
+        scopes, exploratory = [want], bool(design.scopes)
+        if want != POOLED:
+            records = records[records["task"] == want]
+
+    def part(recs: pd.DataFrame, sc: str) -> pd.DataFrame:
+        return recs if sc == POOLED else recs[recs["task"] == sc]
+
     index = sequential.context_index(records)  # parsed once, not once per look
     last = sequential.complete_looks(records, design, [*strategies, baseline], index)
-    per_look = [{s: c for s in strategies
-                 if (c := compare(sequential.at_look(records, design, j, index), s, baseline)) is not None}
-                for j in range(1, last + 1)]
+    per_look = []
+    for j in range(1, last + 1):
+        at = sequential.at_look(records, design, j, index)
+        per_look.append({(sc, s): c for sc in scopes for s in strategies
+                         if (c := compare(part(at, sc), s, baseline)) is not None})
     current = per_look[-1] if per_look else {
-        s: c for s in strategies if (c := compare(records, s, baseline)) is not None}
-    ph = [{s: c.p_greater(-margin) for s, c in look.items()} for look in per_look]
-    pf = [{s: c.p_less(-margin) for s, c in look.items()} for look in per_look]
-    held = sequential.holm_through_looks(ph, alpha, design)
-    failed = sequential.holm_through_looks(pf, alpha, design)
+        (sc, s): c for sc in scopes for s in strategies if (c := compare(part(records, sc), s, baseline)) is not None}
+    key = "\t".join
+    ph = [{key(h): c.p_greater(-margin) for h, c in look.items()} for look in per_look]
+    pf = [{key(h): c.p_less(-margin) for h, c in look.items()} for look in per_look]
+    if design.multiplicity == "gatekeeping" and len(scopes) > 1:
+        weights, trans = sequential.gatekeeping_graph(scopes, list(strategies), lambda sc, s: key((sc, s)))
+        held, open_held = sequential.graph_through_looks(ph, alpha, design, weights, trans)
+        failed, open_failed = sequential.graph_through_looks(pf, alpha, design, weights, trans)
+    else:
+        held = sequential.holm_through_looks(ph, alpha, design)
+        failed = sequential.holm_through_looks(pf, alpha, design)
+        open_held = open_failed = None
     out = []
-    for s, c in current.items():
+    for (sc, s), c in current.items():
+        if sc != want:
+            continue
+        h = key((sc, s))
         base = dict(look=last, n_looks=design.n_looks, contexts=design.contexts(last) if last else 0,
-                    spending=design.spending_name)
-        if s in held or s in failed:
-            (at, share), ps = (held[s], ph) if s in held else (failed[s], pf)
-            note = Look(**base, decided_at=at, level=sequential.nominal_level(share, design, at), share=share,
-                        p_decided=ps[at - 1][s])
-            verdict = HOLDS if s in held else FAILS
+                    spending=design.spending_name, exploratory=exploratory)
+        if h in held or h in failed:
+            (at, share), ps = (held[h], ph) if h in held else (failed[h], pf)
+            level = sequential.nominal_level(share, design, at)
+            note = Look(**base, decided_at=at, level=level, share=share, p_decided=ps[at - 1][h],
+                        charged=design.is_charged(at))
+            verdict = HOLDS if h in held else FAILS
+            sens = _sensitivity(per_look[at - 1].get((sc, s)), ps[at - 1][h], level, margin, h in held)
         else:
             # The direction the estimate points to sets the share shown (each direction runs its own Holm).
-            rejected = held if c.estimate > -margin else failed
-            share = alpha / max(len(current) - sum(1 for n in current if n in rejected), 1)
-            level = sequential.nominal_level(share, design, last) if last else float("nan")
+            rejected, shares = (held, open_held) if c.estimate > -margin else (failed, open_failed)
+            share = (shares[h] if shares is not None else
+                     alpha / max(len(current) - sum(1 for n in current if key(n) in rejected), 1))
+            level = sequential.nominal_level(share, design, last) if last and share > 0 else float("nan")
             repeated = (float("nan"), float("nan"))
-            if last and c.test is not None:
+            if last and c.test is not None and not math.isnan(level):
                 lo, hi = c.test.interval(1 - 2 * level)
                 repeated = (c.scale * lo, c.scale * hi)
             note = Look(**base, level=level, share=share, repeated=repeated,
-                        final_level=sequential.nominal_level(share, design, design.n_looks))
+                        final_level=sequential.nominal_level(share, design, design.n_looks) if share > 0
+                        else float("nan"))
             verdict = UNDETERMINED
+            up = c.estimate > -margin
+            sens = _sensitivity(c, c.p_greater(-margin) if up else c.p_less(-margin), level, margin, up)
         out.append(NonInferiority(c, margin, c.p_greater(-margin), c.p_less(-margin), float("nan"), float("nan"),
-                                  len(current), verdict, note))
+                                  len(current), verdict, note, sens))
     return out
 
 

@@ -70,13 +70,20 @@ def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
 def add_design_argument(parser: argparse.ArgumentParser) -> None:
     """``--design``: judge the store by a sweep file's pre-registered looks (spec v1.2 §2.5)."""
     parser.add_argument("--design", default=None, metavar="SWEEP",
-                        help="judge the headline group-sequentially by this sweep file's design (a path or a name "
-                             "in conf/sweep, e.g. headline): figures of its last complete look")
+                        help="judge the headline group-sequentially by this design: a design file (a path or a name in "
+                             "conf/design, checked against the store's first record) or a sweep file's design "
+                             "block (conf/sweep); figures of its last complete look")
 
 
 def design_from_args(args: argparse.Namespace):  # -> kvbench.sequential.Design | None
+    """A design file (``conf/design/<name>.yaml``: pre-registered, checked against the store's first record,
+    spec v1.2 §2.6) when there is one by that name, else a sweep file's ``design`` block."""
     if not getattr(args, "design", None):
         return None
+    from kvbench import registration
+
+    if registration.design_path(args.design) is not None:
+        return registration.check(registration.load(args.design), getattr(args, "results_dir", "results"))
     from kvbench.sweep import load_design
 
     return load_design(args.design)

@@ -33,7 +33,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -60,6 +60,19 @@ class Design:
     planned_contexts: int
     look_every: int
     spending: str = DEFAULT_SPENDING
+    # Looks published before the design was registered (contexts per task), charged to the spending: they are
+    # looks of the schedule like the planned ones, so their information fractions spend alpha too (spec §2.6).
+    charged: tuple[int, ...] = ()
+    # Scopes tested as one family (spec §2.6): "pooled" and/or task names, Holm over every (scope, strategy)
+    # hypothesis through the looks. Empty: each scope is its own family (the fixed-sample claim check's rule).
+    scopes: tuple[str, ...] = ()
+    # Where the design file was registered (kvbench.registration: file, content hash, commit) and, for a design
+    # declared after the data, its stated reason; "" for a sweep file's design block.
+    # How the scopes' hypotheses share alpha: "holm" (every hypothesis alike) or "gatekeeping" (the first scope's
+    # hypotheses hold all of it; a rejection passes its share to the same strategy in the later scopes).
+    multiplicity: str = "holm"
+    registered: str = field(default="", compare=False)
+    post_hoc: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if self.spending not in SPENDING:
@@ -68,27 +81,58 @@ class Design:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise KVBenchError(f"design {name} must be an integer >= 1 (got {v!r})")
+        if self.multiplicity not in ("holm", "gatekeeping"):
+            raise KVBenchError(f"design multiplicity must be holm or gatekeeping (got {self.multiplicity!r})")
+        for v in self.charged:
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < self.planned_contexts:
+                raise KVBenchError(f"design: an earlier look must be a context count in 1..{self.planned_contexts - 1}"
+                                   f" (got {v!r})")
+
+    @property
+    def planned_looks(self) -> tuple[int, ...]:
+        """Contexts per task of the pre-registered looks."""
+        n = math.ceil(self.planned_contexts / self.look_every)
+        return tuple(min(j * self.look_every, self.planned_contexts) for j in range(1, n + 1))
+
+    @property
+    def looks(self) -> tuple[int, ...]:
+        """Contexts per task of every look the spending pays for: the pre-registered ones and the charged ones."""
+        return tuple(sorted(set(self.planned_looks) | set(self.charged)))
 
     @property
     def n_looks(self) -> int:
-        return math.ceil(self.planned_contexts / self.look_every)
+        return len(self.looks)
 
     def contexts(self, look: int) -> int:
         """Contexts per task in look ``look`` (1-based)."""
-        return min(look * self.look_every, self.planned_contexts)
+        return self.looks[look - 1]
+
+    def is_charged(self, look: int) -> bool:
+        """Look ``look`` is an earlier published look, not a pre-registered one."""
+        return self.contexts(look) in self.charged and self.contexts(look) not in self.planned_looks
 
     @property
     def fractions(self) -> tuple[float, ...]:
-        return tuple(self.contexts(j) / self.planned_contexts for j in range(1, self.n_looks + 1))
+        return tuple(c / self.planned_contexts for c in self.looks)
 
     @property
     def spending_name(self) -> str:
         return {"obrien-fleming": "O'Brien–Fleming", "pocock": "Pocock"}[self.spending]
 
     def describe(self) -> str:
-        return (f"{self.n_looks} looks, one every {self.look_every} contexts per task up to the planned "
-                f"{self.planned_contexts}, {self.spending_name}-type alpha spending "
-                "(Lan–DeMets), Holm through the looks")
+        planned = (f"one every {self.look_every} contexts per task up to the planned {self.planned_contexts}, "
+                   f"{self.spending_name}-type alpha spending (Lan–DeMets)")
+        if self.charged:
+            early = ", ".join(str(c) for c in self.charged)
+            return (f"{self.n_looks} looks: {len(self.planned_looks)} pre-registered ({planned}) and "
+                    f"{len(self.charged)} published before the design was registered ({early} contexts per task), "
+                    f"charged to the same spending at their information fractions; {self.rule} through the looks")
+        return f"{self.n_looks} looks, {planned}, {self.rule} through the looks"
+
+    @property
+    def rule(self) -> str:
+        """The multiple test carried through the looks, in words."""
+        return "Holm" if self.multiplicity == "holm" else "the gatekeeping graph"
 
     @classmethod
     def from_mapping(cls, data: Mapping, planned: int | None) -> Design:
@@ -229,3 +273,71 @@ def holm_through_looks(pvalues: Sequence[Mapping[str, float]], alpha: float,
                 continue
             break
     return rejected
+
+
+def graph_through_looks(pvalues: Sequence[Mapping[str, float]], alpha: float, design: Design,
+                        weights: Mapping[str, float], transitions: Mapping[str, Mapping[str, float]],
+                        ) -> tuple[dict[str, tuple[int, float]], dict[str, float]]:
+    """A graphical multiple test through the looks (Bretz, Maurer, Brannath & Posch 2009, *A graphical approach
+    to sequentially rejective multiple test procedures*, Stat Med 28:586-604, algorithm 1; through group-sequential
+    looks, Maurer & Bretz 2013): hypothesis h holds ``alpha x weights[h]`` and is tested at that share's boundary
+    at each look; a rejection passes its weight along ``transitions`` (rows summing to at most 1) and the graph is
+    updated, the rest re-tested at once. Returns each rejected hypothesis's (look, share) and every open
+    hypothesis's final share. Holm is the complete graph with equal weights (:func:`holm_through_looks`)."""
+    w = {h: float(v) for h, v in weights.items()}
+    g = {h: {k: float(x) for k, x in transitions.get(h, {}).items() if k in w and k != h} for h in w}
+    rejected: dict[str, tuple[int, float]] = {}
+    for j, ps in enumerate(pvalues, start=1):
+        while True:
+            ok = [h for h in w if h not in rejected and w[h] > 0 and h in ps and not math.isnan(ps[h])
+                  and ps[h] < nominal_level(alpha * w[h], design, j)]
+            if not ok:
+                break
+            h = min(ok, key=lambda n: (ps[n], n))
+            rejected[h] = (j, alpha * w[h])
+            rest = [x for x in w if x not in rejected]
+            new_w = {x: w[x] + w[h] * g[h].get(x, 0.0) for x in rest}
+            new_g = {}
+            for x in rest:
+                den = 1 - g[x].get(h, 0.0) * g[h].get(x, 0.0)
+                new_g[x] = {k: (g[x].get(k, 0.0) + g[x].get(h, 0.0) * g[h].get(k, 0.0)) / den if den > 1e-12 else 0.0
+                            for k in rest if k != x}
+            w = {**{x: 0.0 for x in w}, **new_w}
+            g = {**{x: {} for x in g}, **new_g}
+    return rejected, {h: alpha * v for h, v in w.items() if h not in rejected}
+
+
+def gatekeeping_graph(scopes: Sequence[str], strategies: Sequence[str],
+                      key: Callable[[str, str], str]) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """The design's gatekeeping order as a graph: the first scope's hypotheses share alpha equally; rejecting
+    (first scope, s) passes its share evenly to s in every later scope, and a later scope's rejection passes
+    its share to s's remaining later-scope hypotheses."""
+    first, later = scopes[0], list(scopes[1:])
+    weights = {key(sc, s): (1 / len(strategies) if sc == first else 0.0) for sc in scopes for s in strategies}
+    trans: dict[str, dict[str, float]] = {}
+    for s in strategies:
+        trans[key(first, s)] = {key(t, s): 1 / len(later) for t in later} if later else {}
+        for t in later:
+            others = [u for u in later if u != t]
+            trans[key(t, s)] = {key(u, s): 1 / len(others) for u in others} if others else {}
+    return weights, trans
+
+
+def published_error(share: float, design: Design, resamples: int = 1_000_000, seed: int = 0) -> float:
+    """One-sided error of the looks as they were actually published, for a hypothesis at ``share``: the charged
+    looks at the fixed-sample level ``share`` (how they were judged then), the pre-registered looks at the
+    design's boundaries for ``share`` without the charged looks. Monte Carlo over ``resamples`` standard Brownian
+    paths (fixed seed), which needs no assumption the boundary computation makes."""
+    plain = Design(design.planned_contexts, design.look_every, design.spending)
+    z_plan = dict(zip(plain.looks, boundaries(share, plain.fractions, plain.spending), strict=True))
+    z_fixed = float(sps.norm.isf(share))
+    bounds = np.array([z_fixed if c in design.charged and c not in z_plan else z_plan[c] for c in design.looks])
+    t = np.asarray(design.fractions)
+    rng = np.random.default_rng(seed)
+    crossed = 0
+    for start in range(0, resamples, 100_000):
+        n = min(100_000, resamples - start)
+        steps = rng.standard_normal((n, t.size)) * np.sqrt(np.diff(np.concatenate([[0.0], t])))
+        z = np.cumsum(steps, axis=1) / np.sqrt(t)
+        crossed += int(np.any(z >= bounds, axis=1).sum())
+    return crossed / resamples

@@ -173,7 +173,7 @@ def test_leaderboard_and_plan_judge_the_store_at_its_last_look(tmp_path, capsys)
     text = render_claim_check(lb)
     assert "**look 3 of 10** (30 contexts of every task)" in text and "Group-sequential design" in text
     assert re.search(r"\| `fp8` \| 48\.0% \| task accuracy \| .* \| 480 / 60 / 60 \|", text)
-    assert "level needed (look)" in text
+    assert "deciding p < level (look), or level needed" in text
     # without a design the same records are judged at their full n, as before
     assert "Group-sequential" not in render_claim_check(build(recs))
     (tmp_path / "store").mkdir()

@@ -22,7 +22,7 @@ from kvbench.claims.figures import (
 )
 from kvbench.claims.headline_claim import HeadlineVerdict, headline
 from kvbench.claims.scenarios import SCENARIOS, Scenario, ScenarioResult, scenario
-from kvbench.paired import Comparison, secondary
+from kvbench.paired import Comparison, reader_loss, secondary
 from kvbench.sequential import Design
 from kvbench.vocab import BASELINE, OVERALL, in_setting
 
@@ -87,7 +87,9 @@ def check_claims(summary: pd.DataFrame, meta: Mapping[str, str] | None = None,
         if have_records:
             for s, h in heads.items():
                 recs = scope_records(records, s, setting)
-                extra[s] = {m.comparison.a: secondary(recs, m.comparison.a, BASELINE) for m in h.members}
+                # The reader's loss first (declared secondary endpoints, spec v1.2 §2.6), then the model-level ones.
+                extra[s] = {m.comparison.a: reader_loss(recs, m.comparison.a, BASELINE)
+                            + secondary(recs, m.comparison.a, BASELINE) for m in h.members}
         found = {s: scope_picks(summary, records, s, setting) for s in scopes}
         out.append(SettingCheck(
             setting=setting,

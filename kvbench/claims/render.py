@@ -11,6 +11,7 @@ from kvbench.claims.contrasts import MATCH_TOLERANCE
 from kvbench.claims.figures import LOSS_PP, Pick, ci_text
 from kvbench.claims.headline_claim import CLAIM_HIGH, CLAIM_LOW
 from kvbench.paired import ALPHA, PRIMARY, Comparison
+from kvbench.sequential import published_error
 from kvbench.vocab import BASELINE, OVERALL, QUERY_AWARE, SETTING_SENTENCE
 
 
@@ -46,7 +47,8 @@ def render_claims(check: ClaimCheck) -> str:
     lines += [
         f"Every verdict names its endpoint. The primary endpoint is **{PRIMARY}**: strategy − `{BASELINE}` in "
         "percentage points on identical questions, with a two-sided 95% interval that is clustered by source "
-        "document (measurement spec v1.2 §2.2: Newcombe's paired score interval on Rao–Scott effective counts "
+        "work (the connected components of contexts sharing any source work; \"documents\" below counts them) "
+        "(measurement spec v1.2 §2.2: Newcombe's paired score interval on Rao–Scott effective counts "
         "for binary scores, the exact zero-flip bound when the two never disagree, a paired cluster bootstrap "
         "for continuous scores), and n_questions / n_contexts / n_documents beside it. Memory reduction is "
         "1 − KV bytes held / dense 16-bit bytes.",
@@ -71,15 +73,54 @@ def render_claims(check: ClaimCheck) -> str:
             f"**Group-sequential design** (spec v1.2 §2.5): this store grows in rounds and is judged while it grows, "
             f"so the headline's verdicts are taken only at pre-registered looks — {check.design.describe()}. "
             "Each look's one-sided p is compared with that look's nominal level (the tail beyond its boundary for "
-            "the hypothesis's current Holm share of alpha), not with alpha; a verdict reached at a look is kept. "
+            "the hypothesis's current share of alpha: Holm's, or the design's graph's), not with alpha; a verdict "
+            "reached at a look is kept. "
             f"{where}{later}. The scenario verdicts below are not part of the design: read them as exploratory.",
             "",
         ]
+        lines += _registration(check)
     if not check.settings:
         return "\n".join(lines + ["No strategy records to check.", ""])
     for sc in check.settings:
         lines += _render_setting(sc, several=len(check.settings) > 1, sequential=check.design is not None)
     return "\n".join(lines)
+
+
+def _registration(check: ClaimCheck) -> list[str]:
+    """The design's registration and, for a design declared after the data, the retrospective accounting: the
+    earlier published looks charged to the spending, and the error the looks as published actually carried."""
+    d = check.design
+    if d is None or not d.registered:
+        return []
+    hyps = max((len(h.members) for sc in check.settings for h in sc.headline.values()), default=0)
+    n_scopes = len(d.scopes) if d.scopes else 1
+    if not d.scopes:
+        scopes = "each scope its own family"
+    elif d.multiplicity == "gatekeeping":
+        scopes = (f"**one family over the scopes {', '.join(d.scopes)}, in that gatekeeping order**: the "
+                  f"{d.scopes[0]} hypotheses hold all of alpha (α/{hyps} each); rejecting one passes its share "
+                  "evenly to the same strategy's hypotheses in the later scopes, and a later rejection to that "
+                  "strategy's remaining ones (a graphical procedure, Bretz et al. 2009, carried through the looks); "
+                  "a scope outside the family is labelled exploratory")
+    else:
+        scopes = (f"**one family over the scopes {', '.join(d.scopes)}** (Holm over every scope's members, "
+                  "through the looks); a scope outside it is labelled exploratory")
+    lines = [f"**Pre-registration** (spec v1.2 §2.6): the design file {d.registered} declares the endpoint, "
+             f"margin, level, family, scopes, looks, planned n and spending judged here; {scopes}."]
+    if d.post_hoc:
+        share = ALPHA / max(hyps * (n_scopes if d.multiplicity == "holm" else 1), 1)
+        err = published_error(share, d)
+        lines[-1] += (f" It is **declared post hoc**: {d.post_hoc.rstrip('.')}. **Retrospective accounting**: the "
+                      f"{len(d.charged)} looks published before it ("
+                      + ", ".join(str(c) for c in d.charged)
+                      + " contexts per task) are charged to the spending as looks of the schedule, so every later "
+                      "boundary pays for them and the verdicts below are re-stated under that accounting (a verdict "
+                      "published at a fixed-sample level at those looks stands only where it is reached here). As "
+                      "they were actually published — those looks judged at the fixed-sample level, then the "
+                      f"design's looks — a hypothesis at its first share of alpha in this family ({_p_cell(share)}) "
+                      f"carried a one-sided error of {_p_cell(err)}, not {_p_cell(share)} (Monte Carlo, 10^6 "
+                      "Brownian paths).")
+    return lines + [""]
 
 
 def _sizes_cell(c: Comparison) -> str:
@@ -95,8 +136,9 @@ def _p_cell(v: float) -> str:
 def _render_headline(check: SettingCheck, h2: str, sequential: bool = False) -> list[str]:
     lines = ["", f"{h2} \"40–60% less KV memory at <1% accuracy loss\"", "",
              f"Non-inferiority of each strategy saving {fmt.pct(CLAIM_LOW)}–{fmt.pct(CLAIM_HIGH)} (the family; Holm "
-             f"within it): endpoint {PRIMARY}, margin {LOSS_PP:g} point, one-sided level {ALPHA:g}. The claim holds "
-             "on a scope when some member holds, fails when every member fails.",
+             "within it; under a registered design, the design's family over scopes, as stated above): endpoint "
+             f"{PRIMARY}, margin {LOSS_PP:g} point, one-sided level {ALPHA:g}. The claim holds on a scope when some "
+             "member holds, fails when every member fails.",
              "",
              "| scope | verdict | family | questions to decide | best-supported member |",
              "|---|---|---:|---:|---|"]
@@ -108,16 +150,20 @@ def _render_headline(check: SettingCheck, h2: str, sequential: bool = False) -> 
         best = next((m.comparison for m in h.members if h.pick and m.comparison.a == h.pick.strategy), None)
         cell = (f"`{best.a}`: {fmt.pct(h.pick.memory_reduction)} less KV memory, {best.interval_text()} "
                 f"({best.sizes()})" if best else h.pick.cite() if h.pick else "–")
-        lines.append(f"| {_scope_name(s)} | {h.verdict_text} | {len(h.members)} | {_needed(h.n_needed)} | {cell} |")
+        size = max((m.family_size for m in h.members), default=len(h.members))
+        label = f"{_scope_name(s)} (exploratory: outside the design's family)" if _exploratory(h) else _scope_name(s)
+        lines.append(f"| {label} | {h.verdict_text} | {size} | {_needed(h.n_needed)} | {cell} |")
     lines.append("")
     for s in check.scopes:
-        lines.append(f"- **{_scope_name(s)}**: {check.headline[s].sentence}")
+        tag = " (exploratory: outside the design's family)" if _exploratory(check.headline[s]) else ""
+        lines.append(f"- **{_scope_name(s)}**{tag}: {check.headline[s].sentence}")
     for s in check.scopes:
         h = check.headline[s]
         if not h.members:
             continue
-        p_heads = (("p (holds)", "p (fails)", "level needed (look): repeated CI") if sequential
-                   else ("Holm p (holds)", "Holm p (fails)"))
+        p_heads = (("p (holds)", "p (fails)", "deciding p < level (look), or level needed: repeated CI",
+                    "sensitivity: cluster bootstrap") if sequential
+                   else ("Holm p (holds)", "Holm p (fails)", "sensitivity: cluster bootstrap"))
         lines += ["", f"{h2}# Members on {_scope_name(s)}", "",
                   "| strategy | reduction | endpoint | Δ [95% CI] | n questions / contexts / documents "
                   f"| design effect | interval | {' | '.join(p_heads)} | verdict | questions to decide |",
@@ -131,19 +177,29 @@ def _render_headline(check: SettingCheck, h2: str, sequential: bool = False) -> 
                 at = v.look.decided_at or v.look.look
                 rci = f": {v.look.repeated_text()}" if v.look.repeated_text() else ""
                 state = ", decided" if v.look.decided_at else ", the last" if v.look.final else ""
-                p_cells = (f"{_p_cell(v.p_holds)} | {_p_cell(v.p_fails)} | "
-                           f"{_p_cell(v.look.level)} (look {at}{state}){rci}")
+                deciding = f"{_p_cell(v.look.p_decided)} < " if v.look.decided_at else ""
+                level = (f"{deciding}{_p_cell(v.look.level)} (look {at}{state}){rci}" if v.look.share != 0
+                         else "gated: no alpha until the same strategy's pooled hypothesis is rejected")
+                p_cells = f"{_p_cell(v.p_holds)} | {_p_cell(v.p_fails)} | {level}"
             else:
                 p_cells = f"{_p_cell(v.p_holds_adj)} | {_p_cell(v.p_fails_adj)}"
+            p_cells += f" | {v.sensitivity_text() or '–'}"
             lines.append(f"| `{c.a}` | {fmt.pct(reductions.get(c.a, float('nan')))} | {c.endpoint} | "
                          f"{c.interval_text()} | {_sizes_cell(c)} | {deff} | {c.method} | {p_cells} | "
                          f"{v.verdict_text} | {_needed(need)} |")
         sec = check.secondary.get(s, {})
         if any(sec.values()):
-            lines += ["", "Secondary endpoints (paired cluster bootstrap, no verdict): "
-                      + "; ".join(f"`{name}`: " + ", ".join(f"{c.endpoint} {c.interval_text()}" for c in comps)
+            lines += ["", "Secondary endpoints (declared in the design for the reader's loss; paired cluster bootstrap "
+                      "over clusters of shared works, 95%; no alpha of the family is spent on them, and only the "
+                      "relative change is read as a verdict, \"<1% relative\", above): "
+                      + "; ".join(f"`{name}` (n = {comps[0].n_questions} questions / {comps[0].n_documents} "
+                                  "clusters): " + ", ".join(f"{c.endpoint} {c.interval_text()}" for c in comps)
                                   for name, comps in sec.items() if comps) + "."]
     return lines
+
+
+def _exploratory(h) -> bool:
+    return any(m.look is not None and m.look.exploratory for m in h.members)
 
 
 def _render_setting(check: SettingCheck, several: bool, sequential: bool = False) -> list[str]:

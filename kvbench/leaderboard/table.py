@@ -183,24 +183,41 @@ def _section(strategy: str, family: Any) -> str:
 
 
 def _document_ids(records: pd.DataFrame) -> pd.Series:
-    """The document each record's context is drawn from, task-qualified: ``document_id`` when recorded,
-    else the first of ``sample_meta["source_docs"]``, else the sample id (one document per sample)."""
-    def one(row: Mapping[str, Any]) -> str:
-        doc = row.get("document_id")
-        if fmt.is_missing(doc) or doc == "":
-            meta = row.get("sample_meta")
-            if isinstance(meta, str):
-                try:
-                    meta = json.loads(meta)
-                except ValueError:
-                    meta = None
-            docs = meta.get("source_docs") if isinstance(meta, dict) else None
-            doc = docs[0] if isinstance(docs, list) and docs else str(row.get("sample_id")).split("#", 1)[0]
-        return f"{row.get('task')}/{doc}"
-
+    """The cluster each record's context belongs to: the connected component of shared source works
+    (:func:`kvbench.paired.document_ids`, the clusters every interval uses), task-qualified."""
     if records.empty:
         return pd.Series([], dtype=str)
-    return pd.Series([one(r) for r in records.to_dict("records")], index=records.index)
+    return paired.document_ids(records)
+
+
+#: The reader's loss columns (spec v1.2 §2.6), per task and pooled: each endpoint with its clustered interval.
+READER_COLUMNS = tuple(f"{e.replace(' ', '_')}{x}" for e in paired.READER for x in ("", "_ci_low", "_ci_high")) \
+    + ("reader_n",)
+
+
+def _clustered(summary: pd.DataFrame, records: pd.DataFrame) -> pd.DataFrame:
+    """One number everywhere (spec v1.2 §2.6): every row's Δ and interval replaced by the clustered paired
+    comparison the verdicts use (:func:`kvbench.paired.compare`: Δ from the exact counts, clusters of shared
+    works, the zero-flip widening for every strategy), and the reader's loss added with its intervals and n."""
+    out = summary.copy()
+    for col in READER_COLUMNS:
+        out[col] = float("nan")
+    for i, row in summary.iterrows():
+        if row["strategy"] == BASELINE:
+            continue
+        recs = records[records["setting"] == row["setting"]] if "setting" in records else records
+        recs = at_pooled_length(recs) if row["task"] == OVERALL else recs[recs["task"] == row["task"]]
+        c = paired.compare(recs, row["strategy"], BASELINE)
+        if c is None:
+            continue
+        out.loc[i, ["delta_pp", "delta_ci_low", "delta_ci_high"]] = [c.estimate, c.low, c.high]
+        if "delta_method" in out:
+            out.loc[i, "delta_method"] = c.method
+        for e in paired.reader_loss(recs, row["strategy"], BASELINE):
+            name = e.endpoint.replace(" ", "_")
+            out.loc[i, [name, f"{name}_ci_low", f"{name}_ci_high", "reader_n"]] = [e.estimate, e.low, e.high,
+                                                                                  e.n_questions]
+    return out
 
 
 def _add_verdicts(table: pd.DataFrame, summary: pd.DataFrame, records: pd.DataFrame,
@@ -370,8 +387,8 @@ def build(records: pd.DataFrame, filters: Filters | None = None, sort: str | Non
     tasks = sorted(paired["task"].astype(str).unique())
     if OVERALL in tasks:
         raise KVBenchError(f"a task named {OVERALL!r} clashes with the pooled columns; filter it out with --task")
-    summary = _summaries(paired, tasks)
-    tests = [c for c in TEST_COLUMNS if c in summary.columns]
+    summary = _clustered(_summaries(paired, tasks), paired)
+    tests = [c for c in TEST_COLUMNS + READER_COLUMNS if c in summary.columns]
 
     firsts = paired.drop_duplicates("strategy").set_index("strategy")
     rows = []
