@@ -1,5 +1,5 @@
 """Command line: ``python -m kvbench [hydra overrides]`` runs a benchmark; ``kvbench calc|calibrate|hardware|
-leaderboard|lmeval|plan|sweep ...`` dispatch to their own tools. Bad input ends with one line on stderr and exit
+leaderboard|lmeval|plan|sweep|verify ...`` dispatch to their own tools. Bad input ends with one line on stderr and exit
 status 2, never a traceback, and nothing written. Before the first job starts, every job of a (multi)run is
 composed and checked as far as it can be without the model's weights (:func:`kvbench.config.check_overrides`):
 group choices and keys, engine settings, each strategy built from its parameters, and — when the model's
@@ -39,6 +39,7 @@ SUBCOMMANDS = {
     "lmeval": "kvbench.lmeval",
     "plan": "kvbench.plan",
     "sweep": "kvbench.sweep",
+    "verify": "kvbench.manifest",
 }
 SUBCOMMAND_HELP = {
     "calibrate": "tune a needle task on your corpus until the full baseline reaches a target accuracy",
@@ -48,6 +49,7 @@ SUBCOMMAND_HELP = {
     "lmeval": "lm-evaluation-harness with a compressed cache",
     "plan": "questions each claim needs to be decided (spec v1.2 §2.4), from the store or from assumptions",
     "sweep": "a named grid (conf/sweep/*.yaml) as Hydra multiruns, with a time projection (--dry-run)",
+    "verify": "check a results directory against its MANIFEST.sha256 (every unlisted, missing or altered file)",
 }
 
 # Registered at import: launchers that run jobs in other processes (joblib, submitit, Ray) compose there too.
