@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kvbench import manifest
 from kvbench.leaderboard.render import (
     CSV_FLOAT_FORMAT,
     LATENCY_METRICS,
@@ -77,7 +78,6 @@ from kvbench.leaderboard.table import (
     read_records,
     sort_leaderboard,
 )
-from kvbench import manifest
 from kvbench.results import atomic_write_text
 from kvbench.selection import (
     Filters,
