@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from kvbench.results import atomic_write_text, stable_hash
+from kvbench.results import atomic_write_text, local_seal, seal_matches, stable_hash
 
 DIGEST_FILE = ".kvbench-digest.json"
 _BLOCK = 1 << 20
@@ -141,7 +141,9 @@ def directory_digest(root: Path) -> str:
     cached: dict[str, Any] = {}
     try:
         loaded = json.loads(cache_file.read_text())
-        cached = loaded.get("files", {}) if isinstance(loaded, dict) else {}
+        # Trusted only under this machine's seal: an edited sha256 (size and mtime kept) would name other bytes.
+        cached = loaded.get("files", {}) if isinstance(loaded, dict) and seal_matches(
+            loaded.get("seal"), _cache_blob(root, loaded.get("files"))) else {}
     except (OSError, ValueError):
         cached = {}
     files: dict[str, dict[str, Any]] = {}
@@ -157,8 +159,13 @@ def directory_digest(root: Path) -> str:
             files[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256_file(p)}
     digest = _combine({rel: f["sha256"] for rel, f in files.items()})
     if files != cached:
-        _write_cache(cache_file, {"root": str(root), "digest": digest, "files": files})
+        _write_cache(cache_file, {"root": str(root), "digest": digest, "files": files,
+                                  "seal": local_seal(_cache_blob(root, files))})
     return digest
+
+
+def _cache_blob(root: Path, files: Any) -> bytes:
+    return json.dumps([str(root), files], sort_keys=True).encode()
 
 
 def _fallback_cache_file(root: Path) -> Path:
