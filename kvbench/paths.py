@@ -47,7 +47,9 @@ def check_output_dir(value: object, what: str = "results_dir") -> Path:
         ancestor = ancestor.parent
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
         why = "is not a directory" if not ancestor.is_dir() else "is not writable"
-        raise KVBenchError(f"{what}={text!r} cannot be created: {ancestor} {why}; choose a writable directory")
+        head = f"{what}={text!r} {why}" if ancestor == resolved else \
+            f"{what}={text!r} cannot be created: {ancestor} {why}"
+        raise KVBenchError(f"{head}; choose a writable directory")
     return path
 
 
