@@ -211,7 +211,8 @@ def refuse_disagreeing_runs(df: pd.DataFrame) -> None:
             settings = [f"{c} {first.get(c)!r} vs {other.get(c)!r}" for c in sorted(set(first) & set(other))
                         if c not in skip and json_text(first.get(c)) != json_text(other.get(c))]
             why = (f"the runs differ in {'; '.join(settings)}" if settings else
-                   "nothing recorded tells the runs apart (a copied or edited file)")
+                   "nothing recorded tells the runs apart (a copied or edited file, or an engine setting only "
+                   f"runs/{first.get('run_id')}/config.yaml and runs/{other.get('run_id')}/config.yaml hold)")
             files = sorted({str(first.get(SOURCE_COLUMN, first.get("run_id"))),
                             str(other.get(SOURCE_COLUMN, other.get("run_id")))})
             raise KVBenchError(
