@@ -109,8 +109,10 @@ def _sweep_value(value: Any) -> str:
 
 
 def literal(value: str) -> str:
-    """``value`` as a Hydra override value read literally: quoted, so a comma is no sweep (``A,B`` stays one
-    directory), its quotes escaped and ``${`` not an interpolation."""
+    """``value`` as a Hydra override value read literally: a plain path as it is, anything else quoted, so a
+    comma is no sweep (``A,B`` stays one directory), its quotes escaped and ``${`` not an interpolation."""
+    if re.fullmatch(r"[A-Za-z0-9_./~+@%:-]+", value):
+        return value
     return "'" + value.replace("'", "\\'").replace("${", "\\${") + "'"
 
 
