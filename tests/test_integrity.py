@@ -167,8 +167,8 @@ def test_model_digest_is_cached_not_rehashed(tmp_path, checkpoint, monkeypatch):
     shutil.copytree(checkpoint, ckpt)
     first = identity.directory_digest(ckpt)
     calls: list[Path] = []
-    original = identity.sha256_file
-    monkeypatch.setattr(identity, "sha256_file", lambda p: calls.append(p) or original(p))
+    original = identity.file_digest
+    monkeypatch.setattr(identity, "file_digest", lambda p: calls.append(p) or original(p))
     assert identity.directory_digest(ckpt) == first and calls == []
     (ckpt / "config.json").write_text((ckpt / "config.json").read_text() + "\n")
     assert identity.directory_digest(ckpt) != first and [p.name for p in calls] == ["config.json"]

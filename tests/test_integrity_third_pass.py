@@ -208,10 +208,10 @@ def test_an_edited_digest_cache_is_not_trusted(tmp_path, checkpoint):
     true = identity.directory_digest(ckpt)
     cache_file = ckpt / identity.DIGEST_FILE
     cache = json.loads(cache_file.read_text())
-    cache["files"]["config.json"]["sha256"] = "0" * 64  # size and mtime kept: only the hash is a lie
+    cache["files"]["config.json"]["digest"] = "0" * 64  # size and mtime kept: only the hash is a lie
     cache_file.write_text(json.dumps(cache))
     assert identity.directory_digest(ckpt) == true  # today: a digest of bytes that are not there
-    assert json.loads(cache_file.read_text())["files"]["config.json"]["sha256"] != "0" * 64  # rewritten
+    assert json.loads(cache_file.read_text())["files"]["config.json"]["digest"] != "0" * 64  # rewritten
 
 
 # -------------------------------------------------------------------------------- tracebacks become one line

@@ -446,6 +446,12 @@ def test_rounds_bring_a_job_up_per_round_samples_at_a_time(tmp_path, monkeypatch
     assert len(read_store(results)) == 2  # one sample: full + int8
     assert sweep_mod.main([str(path), "--results-dir", str(results)]) == 0
     assert "round 2 of 2" in capsys.readouterr().out
+    # The dry run finds the finished job under the run id the run itself used (not a projection from scratch).
+    assert sweep_mod.main([str(path), "--dry-run", "--list", "--results-dir", str(results)]) == 0
+    out = capsys.readouterr().out
+    assert "done: 1 of 1 jobs finished, 2 of 2 questions stored" in out
+    [run_dir] = (results / "runs").iterdir()
+    assert f"{run_dir.name}: 2 of 2" in out
     store = read_store(results)
     assert len(store) == 4 and store["sample_id"].nunique() == 2 and _unique_keys(store)
     newest = sorted((results / "multirun" / "r").iterdir())[-1]
