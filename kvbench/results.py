@@ -519,6 +519,8 @@ def read_store(results_dir: str | Path) -> pd.DataFrame:
         if problem:
             foreign.append(f"{f.name} ({problem})")
         elif not df.empty:
+            # A file's own source column (a frame read back and written again) is replaced by where it was read.
+            df = df.drop(columns=SOURCE_COLUMN, errors="ignore")
             frames.append(check_values(df, str(f)).assign(_store_file=f.name))
     if bad:
         warn(f"skipped {len(bad)} unreadable parquet file(s) in {store}: {', '.join(bad)}")
