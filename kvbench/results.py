@@ -15,7 +15,9 @@ Files are written with the user's umask (not ``mkstemp``'s 0600); temporary file
 (``.<name>.*.tmp``) are removed by the next run; a directory that cannot be written (read-only, full disk) is
 one :class:`UnwritableError` line, never a traceback, and never a half-written file. Readers skip what they
 cannot parse (a non-UTF-8 or non-object line, an unreadable or non-kvbench parquet file) with one warning naming
-the file and the count, and keep every good record.
+the file and the count, and keep every good record; the values of what they keep are checked against the record
+schema (:func:`check_values`: one line naming the file and field of the first bad one). Every record read names
+the file it came from (``source_file``). Files kvbench reuses as caches carry a keyed seal (:func:`local_seal`).
 
 Why one module of this length: the store's writer (:class:`RunStore`), its readers and the sample claims that
 let several workers append to one store share one file layout and the atomic-write helpers; kept together, the
