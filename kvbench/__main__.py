@@ -1,6 +1,6 @@
 """``python -m kvbench strategy=int8 task=legal``."""
 
-from kvbench.cli import main
+from kvbench.cli import interruptible, main
 
 if __name__ == "__main__":
-    main()
+    interruptible(main)

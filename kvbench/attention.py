@@ -15,8 +15,9 @@ does not do either. Queries longer than
 
 Semantics are transformers': the mask is built by ``sdpa_mask`` (registered for this name, so the mask, its
 sliding window and kvbench's per-row masks for ragged batches arrive exactly as SDPA would get them), boolean
-or additive; ``scaling`` and ``softcap`` (Gemma 2's logit soft-capping) as in eager attention. Attention sinks
-(``s_aux``) are not implemented and raise.
+or additive; ``scaling`` and ``softcap`` (Gemma 2's logit soft-capping) as in eager attention; attention sinks
+(``s_aux``, GPT-OSS's learned per-head logits) as in GPT-OSS's eager attention: one extra softmax column per query
+head, dropped after the softmax. SDPA has no such column, so with sinks every query length stays here.
 """
 
 from __future__ import annotations
@@ -40,14 +41,12 @@ def kvbench_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     ``[b, kv_heads, kv, d]``; returns ``[b, q, q_heads, d]`` (and no weights)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if kwargs.get("s_aux") is not None:
-        raise ValueError("attn_implementation='kvbench' does not implement attention sinks (s_aux); "
-                         "use engine.attention=sdpa or eager")
+    sinks = kwargs.get("s_aux")
     b, hq, q, d = query.shape
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     softcap = kwargs.get("softcap")
     long_query = q > SHORT_QUERY or (attention_mask is None and causal and 1 < q != key.shape[-2])
-    if softcap is None and (long_query or (dropout and module.training)
+    if softcap is None and sinks is None and (long_query or (dropout and module.training)
                             or kwargs.get("position_bias") is not None):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
@@ -62,15 +61,19 @@ def kvbench_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     if softcap is not None:
         scores = torch.tanh(scores.div_(softcap)).mul_(softcap)
     mask = attention_mask
-    if mask is None and causal and q > 1:  # q == kv here: the square causal mask SDPA's is_causal applies
-        mask = torch.ones(q, kv, dtype=torch.bool, device=query.device).tril()
+    if mask is None and causal and q > 1:  # SDPA's is_causal, aligned to the last key (q == kv but with sinks)
+        mask = torch.ones(q, kv, dtype=torch.bool, device=query.device).tril(kv - q)
     if mask is not None:
         mask = _grouped(mask, hkv, g)
         if mask.dtype == torch.bool:
             scores.masked_fill_(~mask, float("-inf"))
         else:
             scores.add_(mask)
-    probs = torch.softmax(scores, dim=-1).to(work).view(b, hkv, g * q, kv)
+    if sinks is not None:  # query head h * g + j has sink logit sinks[h * g + j]: a column taken, then dropped
+        sink = sinks.float().view(1, hkv, g, 1, 1).expand(b, hkv, g, q, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :kv].to(work).reshape(b, hkv, g * q, kv)
+    else:
+        probs = torch.softmax(scores, dim=-1).to(work).view(b, hkv, g * q, kv)
     out = torch.matmul(probs, value.to(work)).to(value.dtype)  # [b, hkv, g * q, d]
     return out.view(b, hq, q, d).transpose(1, 2).contiguous(), None
 
@@ -115,8 +118,16 @@ def resolve(choice: str, device: str) -> str:
 
 def use(model: torch.nn.Module, choice: str, device: str) -> str:
     """Switch ``model`` (a transformers model) to the implementation ``choice`` resolves to; return its name."""
+    from kvbench.errors import KVBenchError
+
     name = resolve(choice, device)
+    if choice == "auto" and name == "sdpa" and not getattr(model, "_supports_sdpa", True):
+        name = NAME  # no SDPA for this model (GPT-OSS: SDPA has no sink column); kvbench's attention has them
     if name == NAME:
         register()
-    model.set_attn_implementation(name)
+    try:
+        model.set_attn_implementation(name)
+    except ValueError as exc:  # transformers refuses SDPA for models without it: one line, not a traceback
+        raise KVBenchError(f"engine.attention={choice}: {str(exc).splitlines()[0].split('. ')[0]}; use "
+                           f"engine.attention=auto or {NAME}") from None
     return name

@@ -13,19 +13,23 @@ offsets them so the causal mask still lines up the new tokens with themselves.
 Sliding-window layers (Gemma-2/3, Mistral with ``sliding_window``, Qwen2/3 ``layer_types``) are left to the
 model, as kvpress leaves Gemma-3's (measurement spec, "Sliding-window layers"): they hold the dense last
 ``window - 1`` tokens, as transformers' ``DynamicSlidingWindowLayer`` does, whatever the strategy, and their
-dense 16-bit reference is that window, not every token seen.
+dense 16-bit reference is that window, not every token seen. Chunked layers (Llama-4) are held the same way.
+A hybrid's linear-attention / state-space layers (Qwen3-Next, Jamba) keep transformers' own
+``LinearAttentionLayer``: no strategy applies to their fixed-size state, which is counted apart from the KV
+bytes (:meth:`KVBenchCache.state_bytes`, reported as ``stats["recurrent_state_bytes"]``).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionLayer
 
-from kvbench.arch import LayerKind, layer_kinds
+from kvbench.arch import LayerKind, describe, layer_kinds
 from kvbench.capture import QueryRecorder
 from kvbench.errors import KVBenchError
 from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes
@@ -78,12 +82,14 @@ class KVBenchLayer(CacheLayerMixin):
         self.store = store
         self.seen_tokens = 0
         self.kv_shape: tuple[int, int, int] | None = None  # batch, kv_heads, head_dim
+        self.value_dim = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
         self.dtype = key_states.dtype
         b, h, _, d = key_states.shape
         self.kv_shape = (b, h, d)
+        self.value_dim = value_states.shape[-1]  # MLA: the shared rotary key (values slot) is narrower
         self.is_initialized = True
 
     def load(self, keys: torch.Tensor, values: torch.Tensor, capture: LayerCapture | None) -> None:
@@ -149,68 +155,104 @@ class KVBenchCache(Cache):
         n = len(kinds)
         self.strategy = strategy
         self.config = config
-        super().__init__(layers=[KVBenchLayer(strategy.new_layer(i, n), kinds[i], windows) for i in range(n)])
+        super().__init__(layers=[LinearAttentionLayer() if kinds[i].recurrent  # a hybrid's state: the model's own
+                                 else KVBenchLayer(strategy.new_layer(i, n), kinds[i], windows) for i in range(n)])
+
+    @property
+    def kv_layers(self) -> list[KVBenchLayer]:
+        """The attention layers, whose K/V the strategy holds (all layers but a hybrid's recurrent ones)."""
+        return [layer for layer in self.layers if isinstance(layer, KVBenchLayer)]
 
     # -- building from a shared prefill ---------------------------------------------------------
     @classmethod
     def from_capture(cls, strategy: Strategy, config: Any, keys: list[torch.Tensor], values: list[torch.Tensor],
-                     captures: list[LayerCapture] | None = None) -> KVBenchCache:
+                     captures: list[LayerCapture] | None = None, states: dict[int, Any] | None = None
+                     ) -> KVBenchCache:
+        """``keys``/``values``: per layer (``None`` at a hybrid's recurrent layers, whose captured
+        ``LinearAttentionLayer`` in ``states`` is copied: decoding updates it in place); ``captures``: per
+        attention layer, in order."""
         cache = cls(strategy, config)
+        caps = iter(captures) if captures is not None else None
         for i, layer in enumerate(cache.layers):
-            layer.load(keys[i], values[i], None if captures is None else captures[i])
+            if isinstance(layer, KVBenchLayer):
+                layer.load(keys[i], values[i], None if caps is None else next(caps))
+            else:
+                cache.layers[i] = copy.deepcopy((states or {})[i])
         return cache
 
     # -- use inside a normal forward / generate ------------------------------------------------
     @contextmanager
     def attach(self, model: torch.nn.Module) -> Iterator[QueryRecorder]:
-        """Feed each layer store the queries of every forward (needed by attention-aware strategies)."""
+        """Feed each layer store the queries of every forward (needed by attention-aware strategies), once
+        ``model`` passed the CLI's model check (:func:`kvbench.arch.describe`)."""
+        describe(model, [self.strategy])
         with QueryRecorder(model, self.strategy.query_window) as rec:
-            for layer, cap in zip(self.layers, rec.captures, strict=True):
+            for layer, cap in zip(self.kv_layers, rec.captures, strict=True):
                 layer.store.capture = cap
             yield rec
 
     # -- measurement --------------------------------------------------------------------------
     def kv_bytes(self) -> int:
         """Bytes of every tensor the cache holds, from tensor storage (measurement spec §1 ``kv_bytes``)."""
-        return held_bytes(t for layer in self.layers for t in layer.store.tensors())
+        return held_bytes(t for layer in self.kv_layers for t in layer.store.tensors())
+
+    def state_bytes(self) -> int:
+        """Bytes of a hybrid's recurrent state (its linear-attention / state-space layers' conv and recurrent
+        tensors): memory the model really holds beside the KV cache, the same whatever the strategy."""
+        return held_bytes(t for layer in self.layers if isinstance(layer, LinearAttentionLayer)
+                          for states in (layer.conv_states, layer.recurrent_states)
+                          for t in states.values() if t is not None)
 
     def seen_tokens(self) -> int:
-        return self.layers[0].seen_tokens if self.layers else 0
+        kv = self.kv_layers
+        return kv[0].seen_tokens if kv else 0
 
     def kv_bytes_fp16(self) -> int:
         """The same tokens as a dense 16-bit cache (measurement spec §1 ``kv_bytes_fp16``): every token seen by a
         global layer, at most ``window - 1`` by a sliding-window layer (what a dense sliding cache holds)."""
+        return self._dense_bytes(lambda layer: REFERENCE_BYTES_PER_ELEMENT)
+
+    def kv_bytes_dense(self) -> int:
+        """The same tokens as the dense cache the model itself keeps, in its own K/V dtype (spec §1
+        ``kv_bytes_dense``, the reference of ``memory_reduction``): on a 16-bit model it equals
+        :meth:`kv_bytes_fp16`; on a float32 model it is twice that, so ``full`` saves 0%, not −100%."""
+        return self._dense_bytes(lambda layer: torch.empty((), dtype=layer.dtype).element_size())
+
+    def _dense_bytes(self, element_size: Any) -> int:
         total = 0
-        for layer in self.layers:
+        for layer in self.kv_layers:
             if layer.kv_shape is None:
                 continue
             b, h, d = layer.kv_shape
             tokens = layer.seen_tokens
             if layer.kind.sliding and layer.kind.window is not None:
                 tokens = min(tokens, max(layer.kind.window - 1, 0))
-            total += 2 * b * h * d * tokens * REFERENCE_BYTES_PER_ELEMENT
+            total += b * h * (d + layer.value_dim) * tokens * element_size(layer)
         return total
 
     def held_tokens(self) -> list[int]:
-        return [layer.store.num_tokens() for layer in self.layers]
+        return [layer.store.num_tokens() for layer in self.kv_layers]
 
     def scratch_bytes(self) -> int:
         """Bytes of the stores' working copies (e.g. a dequantized prefix kept so decoding need not
         re-dequantize it every step): real memory, but not part of ``kv_bytes``, the compressed cache."""
-        return held_bytes(t for layer in self.layers
+        return held_bytes(t for layer in self.kv_layers
                           for t in getattr(layer.store, "scratch_tensors", lambda: ())())
 
     def stats(self) -> dict[str, float]:
         """Strategy-specific figures averaged over the layers the strategy holds (not the sliding windows),
         plus ``window_layers``, the number of sliding-window layers left to the model, when there are any."""
         acc: dict[str, float] = {}
-        own = [layer for layer in self.layers if not layer.windowed]
+        kv = self.kv_layers
+        own = [layer for layer in kv if not layer.windowed]
         for layer in own:
             for k, v in layer.store.stats().items():
                 acc[k] = acc.get(k, 0.0) + float(v)
         out = {k: v / len(own) for k, v in acc.items()}
-        if len(own) < len(self.layers):
-            out["window_layers"] = float(len(self.layers) - len(own))
+        if len(own) < len(kv):
+            out["window_layers"] = float(len(kv) - len(own))
+        if len(kv) < len(self.layers):  # a hybrid: its recurrent state, beside kv_bytes
+            out["recurrent_state_bytes"] = float(self.state_bytes())
         return out
 
 
@@ -278,6 +320,9 @@ class RowsCache(Cache):
     """
 
     def __init__(self, caches: list[KVBenchCache]) -> None:
+        if len(caches) > 1 and len(caches[0].kv_layers) < len(caches[0].layers):
+            raise KVBenchError("engine.batch_size > 1 is not supported for hybrid models (their recurrent layers "
+                               "hold one state per batch row); use engine.batch_size=1")
         if len(caches) > 1 and any(layer.kind.sliding for layer in caches[0].layers):
             raise KVBenchError("engine.batch_size > 1 is not supported for models with sliding-window layers "
                                "(the per-row masks do not apply the window yet); use engine.batch_size=1")
@@ -349,7 +394,7 @@ def _row_capture(cap: LayerCapture, i: int, n: int) -> LayerCapture:
     if pos is not None:
         pos = (pos[i:i + 1] if pos.shape[0] > 1 else pos)[..., pos.shape[-1] - m:]
     return LayerCapture(cap.layer_idx, cap.num_kv_groups, cap.scaling,
-                        queries=cap.queries[i:i + 1, :, cap.queries.shape[-2] - m:], positions=pos)
+                        queries=cap.queries[i:i + 1, :, cap.queries.shape[-2] - m:], positions=pos, sinks=cap.sinks)
 
 
 def _left_pad(rows: list[torch.Tensor]) -> torch.Tensor:

@@ -40,29 +40,45 @@ class LayerCapture:
     scaling: float
     queries: torch.Tensor | None = None
     positions: torch.Tensor | None = None
+    #: GPT-OSS's learned sink logit per query head ``[q_heads]``: an extra softmax column scores must include.
+    sinks: torch.Tensor | None = None
 
 
 class QueryRecorder:
-    """Keeps, per layer, the queries of the last ``window`` positions of the most recent forward."""
+    """Keeps, per attention layer (in layer order), the queries of the last ``window`` positions of the most
+    recent forward."""
 
     def __init__(self, model: nn.Module, window: int | None) -> None:
         self.window = window
         self.adapters = {a.layer_idx: a for a in adapters(model)}
         self.modules = [a.module for a in self.adapters.values()]
         self.captures: list[LayerCapture] = [
-            LayerCapture(layer_idx=a.layer_idx, num_kv_groups=a.num_kv_groups, scaling=a.scaling)
+            LayerCapture(layer_idx=a.layer_idx, num_kv_groups=a.num_kv_groups, scaling=a.scaling,
+                         sinks=None if a.sinks is None else a.sinks.detach())
             for a in self.adapters.values()
         ]
+        # By layer index: a hybrid's recurrent layers have no attention module, so no capture.
+        self._by_layer = {c.layer_idx: c for c in self.captures}
         self._handles: list[Any] = []
         self._positions: torch.Tensor | None = None
 
     def _hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         hidden = args[0] if args else kwargs["hidden_states"]
-        cos, sin = kwargs["position_embeddings"]
+        emb = kwargs.get("position_embeddings")  # (cos, sin), Llama-4's complex freqs_cis, or None (NoPE)
+        adapter = self.adapters[module.layer_idx]
+        positions = None
+        if getattr(module, "attn_temperature_tuning", False):  # Llama-4 scales NoPE queries by position
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))
+            past = cache.get_seq_length(module.layer_idx) if cache is not None else 0
+            positions = torch.arange(hidden.shape[1], device=hidden.device) + past
         if self.window is not None and self.window < hidden.shape[1]:
-            hidden, cos, sin = hidden[:, -self.window:], cos[:, -self.window:], sin[:, -self.window:]
-        cap = self.captures[module.layer_idx]
-        cap.queries = self.adapters[module.layer_idx].queries(hidden, cos, sin)
+            w = self.window
+            hidden = hidden[:, -w:]
+            positions = None if positions is None else positions[-w:]
+            if emb is not None:
+                emb = emb[:, -w:] if isinstance(emb, torch.Tensor) else tuple(e[:, -w:] for e in emb)
+        cap = self._by_layer[module.layer_idx]
+        cap.queries = adapter.queries(hidden, emb, positions)
         pos = kwargs.get("position_ids")
         cap.positions = None if pos is None else pos[..., -cap.queries.shape[-2]:]
 

@@ -247,4 +247,15 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def console_main() -> None:
-    main()
+    interruptible(main)
+
+
+def interruptible(entry: Callable[[], None]) -> None:
+    """Ctrl-C ends with one line, never a traceback: every sample finished so far is already stored whole
+    (records are appended one complete sample at a time), and rerunning the same command resumes."""
+    try:
+        entry()
+    except KeyboardInterrupt:
+        print("\nkvbench: interrupted; every finished sample is kept, and the same command resumes from there",
+              file=sys.stderr)
+        raise SystemExit(130) from None

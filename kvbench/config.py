@@ -71,7 +71,9 @@ class KVBenchConfig:
     # parameter) or strategies_params.snapkv.window_size=16 (one listed strategy).
     strategies_params: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
     seed: int = 0
-    results_dir: str = "results"  # run directories and the parquet store go here
+    # Run directories and the parquet store go here. Ad-hoc runs default to results/adhoc (git-ignored), so they
+    # never enter the committed leaderboard (results/store): the sweeps that publish it name results_dir.
+    results_dir: str = "results/adhoc"
     engine: EngineConfig = field(default_factory=EngineConfig)
 
 

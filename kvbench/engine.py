@@ -53,6 +53,9 @@ class PrefillRow:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     captures: list[LayerCapture]
+    #: A hybrid's recurrent layers after the prefill (transformers' ``LinearAttentionLayer``), by layer index;
+    #: their ``keys``/``values`` entries are ``None``.
+    states: dict[int, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -75,6 +78,10 @@ class Prefill:
     @property
     def captures(self) -> list[LayerCapture]:
         return self.rows[0].captures
+
+    @property
+    def states(self) -> dict[int, Any]:
+        return self.rows[0].states
 
 
 @dataclass
@@ -118,10 +125,14 @@ class Engine:
         with torch.inference_mode(), QueryRecorder(self.model, query_window) as rec, \
                 PeakMemory(self.device) as peak, Timer(self.device) as timer:
             self.model(input_ids=ids, cache=capture_cache, use_cache=True, logits_to_keep=1)
-        keys = [layer.store.keys for layer in capture_cache.layers]
-        values = [layer.store.values for layer in capture_cache.layers]
+        keys = [getattr(getattr(layer, "store", None), "keys", None) for layer in capture_cache.layers]
+        values = [getattr(getattr(layer, "store", None), "values", None) for layer in capture_cache.layers]
+        states = {i: layer for i, layer in enumerate(capture_cache.layers) if layer not in capture_cache.kv_layers}
         if batch == 1:
-            return Prefill([PrefillRow(keys, values, rec.captures)], timer.seconds, peak.peak_bytes)
+            return Prefill([PrefillRow(keys, values, rec.captures, states)], timer.seconds, peak.peak_bytes)
+        if states:
+            raise KVBenchError("engine.batch_size > 1 is not supported for hybrid models (their recurrent layers "
+                               "hold one state per batch row); use engine.batch_size=1")
         # Each row gets storage of its own, so a store holding it (``full``) counts one sample's bytes.
         rows = [PrefillRow([k[r:r + 1].clone() for k in keys], [v[r:r + 1].clone() for v in values],
                            [_capture_row(c, r) for c in rec.captures]) for r in range(batch)]
@@ -144,7 +155,8 @@ class Engine:
 
     def _cache(self, strategy: Strategy, row: PrefillRow) -> tuple[KVBenchCache, float]:
         with Timer(self.device) as t:
-            cache = KVBenchCache.from_capture(strategy, self.model.config, row.keys, row.values, row.captures)
+            cache = KVBenchCache.from_capture(strategy, self.model.config, row.keys, row.values, row.captures,
+                                              row.states)
         return cache, t.seconds
 
     def chunked_prefill(self, strategy: Strategy, prefix: torch.Tensor,
@@ -158,7 +170,7 @@ class Engine:
             for start in range(0, prefix.shape[1], chunk_tokens):
                 self.model(input_ids=prefix[:, start:start + chunk_tokens], cache=cache, use_cache=True,
                            logits_to_keep=1)
-                for layer in cache.layers:
+                for layer in cache.kv_layers:
                     layer.store.compact()
         return cache, timer.seconds, peak.peak_bytes
 
@@ -256,6 +268,7 @@ class Engine:
             caches = make_caches()
             kv_bytes = [c.kv_bytes() for c in caches]
             kv_fp16 = [c.kv_bytes_fp16() for c in caches]
+            kv_dense = [c.kv_bytes_dense() for c in caches]
             held = [c.held_tokens() for c in caches]
             stats = [c.stats() for c in caches]
             logps = self._teacher_force(_batched(caches), strategy, queries, golds)
@@ -312,7 +325,7 @@ class Engine:
                 sample_meta=sample.metadata,
                 kv_bytes=int(kv_bytes[i]),
                 kv_bytes_fp16=int(kv_fp16[i]),
-                memory_reduction=memory_reduction(kv_bytes[i], kv_fp16[i]),
+                memory_reduction=memory_reduction(kv_bytes[i], kv_dense[i]),
                 bytes_per_token=kv_bytes[i] / sample.context_tokens,
                 held_tokens_mean=held_mean,
                 kept_fraction=held_mean / sample.context_tokens,
@@ -335,6 +348,8 @@ class Engine:
                 # the decode peak is the whole batch's, so every decoded row's working copy comes off it
                 peak_bytes_decode_excl_scratch=max(0, gen.peak_bytes - (batch_scratch if gen.tokens else 0)),
                 stats=stats[i],
+                kv_bytes_dense=int(kv_dense[i]),
+                memory_reduction_fp16=memory_reduction(kv_bytes[i], kv_fp16[i]),
             )
             results.append(StrategyResult(record.to_dict(), logps[i]))
         return results
@@ -531,7 +546,8 @@ def _capture_row(cap: LayerCapture, r: int) -> LayerCapture:
     q, pos = cap.queries, cap.positions
     return LayerCapture(cap.layer_idx, cap.num_kv_groups, cap.scaling,
                         queries=None if q is None else q[r:r + 1].clone(),
-                        positions=None if pos is None else (pos[r:r + 1] if pos.shape[0] > 1 else pos))
+                        positions=None if pos is None else (pos[r:r + 1] if pos.shape[0] > 1 else pos),
+                        sinks=cap.sinks)
 
 
 def changes_cache_while_decoding(strategy: Strategy) -> bool:

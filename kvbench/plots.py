@@ -1,14 +1,15 @@
 """Comparison figures over the result store: pure functions of a summary or paired-records DataFrame.
 
-* :func:`pareto_figure` — memory saved vs accuracy delta (95% CI), every strategy labelled (short label,
-  placed clear of each other with leader lines), the Pareto front drawn on top; offloading strategies (``tiered``)
-  in a panel of their own, because what they save is *device* memory, not bytes;
+* :func:`pareto_figure` — memory saved vs accuracy delta (95% CI), every point at its exact memory saved and
+  every strategy labelled (short label, placed clear of each other with leader lines), the Pareto front drawn on
+  top, the legend inside the figure; offloading strategies (``tiered``) in a panel of their own, because what they
+  save is *device* memory, not bytes;
 * :func:`latency_figure` — what differs between strategies once the prefill is shared: compression time,
   question (query) time and decode time per token, as box plots over samples;
 * :func:`memory_figure` — KV bytes held per context token per strategy, against the architecture formula
   for ``full``; the offloading tier drawn apart as device-resident bytes;
 * :func:`needle_figure` — accuracy by needle depth × context length for ``full`` and the most informative
-  strategies, with the sample count in each cell;
+  strategies, with the sample count in each cell; depths binned (:data:`DEPTH_BINS`) when they are many;
 * :func:`needle_map_figure` — the same grid as the paired loss against ``full`` (points, n pairs per cell).
 
 Every figure takes a DataFrame (``summary`` rows of :func:`kvbench.report.summarize` with a ``setting``
@@ -26,7 +27,7 @@ apart, every section would import the same private helpers back.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -112,31 +113,6 @@ def pareto_front(x: Sequence[float], y: Sequence[float]) -> list[int]:
     return [i for _, _, i in sorted(front)]
 
 
-def dodge(x: Sequence[float], y: Sequence[float], width: float = 0.9, tol: float = 0.6) -> np.ndarray:
-    """Spread points that share an x value (within ``tol``) sideways, ``width`` apart, ordered by y.
-
-    Seven eviction strategies at exactly 50% would otherwise sit on one vertical line with overlapping CI
-    bars; the offsets are small next to the axis range and the caption says so.
-    """
-    x = np.asarray(x, dtype=float)
-    y = np.asarray(y, dtype=float)
-    out = x.copy()
-    order = np.argsort(x, kind="mergesort")
-    groups: list[list[int]] = []
-    for i in order:
-        if groups and not math.isnan(x[i]) and abs(x[i] - x[groups[-1][0]]) <= tol:
-            groups[-1].append(int(i))
-        else:
-            groups.append([int(i)])
-    for g in groups:
-        if len(g) < 2:
-            continue
-        g = sorted(g, key=lambda i: (-y[i] if not math.isnan(y[i]) else math.inf, i))
-        for k, i in enumerate(g):
-            out[i] = x[g[0]] + (k - (len(g) - 1) / 2) * width
-    return out
-
-
 # Candidate label offsets in pixels, nearest first: eight directions on growing rings.
 _RINGS = (7, 14, 24, 36, 50, 66, 84, 106, 130, 160)
 _DIRECTIONS = ((1, 0.35), (1, -0.35), (0, 1), (0, -1), (-1, 0.35), (-1, -0.35), (1, 1), (-1, 1), (1, -1), (-1, -1))
@@ -219,21 +195,22 @@ def label_points(ax, xs: Sequence[float], ys: Sequence[float], labels: Sequence[
 def _pareto_panel(ax, rows: pd.DataFrame, fontsize: float = 7.5, markersize: float = 7) -> Callable[[], list[Any]]:
     """Points, CIs and the front of the non-offloading strategies in ``rows`` on ``ax``; returns the call
     that labels them, to be made once the figure's layout is complete."""
-    x0 = 100 * rows["memory_reduction"].to_numpy(dtype=float)
+    # Exact x: memory saved is a measured quantity, so points that share it share a vertical line; their labels,
+    # not the points, move apart (label_points), and the CI bars are thin enough to read through each other.
+    x = 100 * rows["memory_reduction"].to_numpy(dtype=float)
     y = rows["delta_pp"].to_numpy(dtype=float)
     lo = rows["delta_ci_low"].to_numpy(dtype=float)
     hi = rows["delta_ci_high"].to_numpy(dtype=float)
     fams = rows["family"].astype(str).to_numpy()
-    x = dodge(x0, y)
     colors = [family_color(f) for f in fams]
     for i in range(len(rows)):
         ax.errorbar(x[i], y[i], yerr=[[abs(y[i] - lo[i])], [abs(hi[i] - y[i])]], fmt=family_marker(fams[i]),
                     color=colors[i], ecolor=colors[i], elinewidth=0.9, capsize=2, markersize=markersize,
                     markeredgecolor="white", markeredgewidth=0.5, alpha=0.95, zorder=3)
-    front = pareto_front(x0, y)
+    front = pareto_front(x, y)
     if front:
         # A staircase: between two optimal points, the better accuracy holds until the next saving.
-        fx, fy = x0[front], y[front]
+        fx, fy = x[front], y[front]
         ax.step(fx, fy, where="post", color="black", linewidth=1.6, alpha=0.75, zorder=5, solid_capstyle="round")
         ax.scatter(x[front], y[front], s=3 * markersize ** 2, facecolors="none", edgecolors="black", linewidths=1.2,
                    zorder=5)
@@ -273,14 +250,18 @@ PAPER_DPI = 300
 
 
 def pareto_figure(summary: pd.DataFrame, scopes: Sequence[str] | None = None,
-                  settings: Sequence[str | None] | None = None) -> Figure:
+                  settings: Sequence[str | None] | None = None,
+                  pooled: Mapping[str | None, str] | None = None) -> Figure:
     """Memory saved (x) vs accuracy delta with its 95% CI (y), each strategy labelled: one panel per scope
     (default: the pooled ``all`` rows when present, else every task) and query setting — scopes in rows,
     settings in columns; a single scope stacks its settings so the figure stays narrow. Several scopes get
     paper-sized panels (:data:`PANEL_PAPER`).
 
     Offloading strategies sit in a narrow panel to the right of each panel: their x is device memory.
-    Points sharing a memory reduction are spread ±0.9 points sideways so their CIs stay apart.
+    Every point sits at its exact memory reduction (points sharing one share a vertical line; labels are offset
+    with leader lines instead). ``pooled``: the title of the pooled scope per setting (what it pools and leaves
+    out, e.g. ``legal, papers pooled at 4,096 tokens; not pooled: fiction at 2,048 tokens``); default
+    "all tasks (pooled)".
     """
     settings = list(settings) if settings is not None else _settings(summary)
     if scopes is None:
@@ -315,7 +296,7 @@ def pareto_figure(summary: pd.DataFrame, scopes: Sequence[str] | None = None,
             off.set_visible(False)
         else:
             _offload_panel(off, moved, fontsize=size["font"])
-        scope_name = "all tasks (pooled)" if scope == OVERALL else scope
+        scope_name = (pooled or {}).get(setting, "all tasks (pooled)") if scope == OVERALL else scope
         ax.set_title(scope_name if setting is None else f"{scope_name} — {setting}", fontsize=size["title"])
         ax.tick_params(labelsize=size["axis"])
         # Axis titles once per row and column on the paper grid: the panels share their scales.
@@ -332,9 +313,10 @@ def pareto_figure(summary: pd.DataFrame, scopes: Sequence[str] | None = None,
                                        markersize=size["marker"], label=f) for f in sorted(families)]
     handles.append(matplotlib.lines.Line2D([], [], color="black", linewidth=1.6, marker="o",
                                            markersize=size["marker"] + 2, markerfacecolor="none", label="Pareto front"))
-    ncols = min(len(handles), 8 if size is PANEL_LARGE else 4)
+    # At most four keys a row: eight (every family and the front) overflow the figure's width on both sides.
+    ncols = min(len(handles), 4)
     fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=size["axis"], frameon=False)
-    fig.suptitle("Accuracy vs KV memory (dotted: −1 pp; points at equal memory spread sideways)",
+    fig.suptitle("Accuracy vs KV memory (dotted: −1 pp; points at their exact memory saved, labels offset)",
                  fontsize=size["title"] + 1)
     for job in label_jobs:
         job()
@@ -524,6 +506,40 @@ def _length_bins(lengths: Sequence[int], max_bins: int = 6) -> dict[int, str]:
     return out
 
 
+#: Rows of a needle heatmap at most: more distinct depths than this (a task that draws each needle's depth at
+#: random has one per sample) are grouped into this many equal-width bins, each cell with its n.
+DEPTH_BINS = 10
+
+
+def depth_bins(depths: Sequence[float], max_bins: int = DEPTH_BINS) -> dict[float, str]:
+    """Row label per needle depth: each depth its own row when there are at most ``max_bins``, else equal-width
+    bins over [0, 1] (a depth is a fraction of the context; widened to hold any outside it), labelled by range."""
+    uniq = sorted({float(d) for d in depths})
+    if len(uniq) <= max_bins:
+        return {d: f"{d:.2f}" for d in uniq}
+    lo, hi = min(0.0, uniq[0]), max(1.0, uniq[-1])
+    width = (hi - lo) / max_bins
+    out = {}
+    for d in uniq:
+        i = min(math.floor((d - lo) / width + 1e-9), max_bins - 1)  # 0.3 / 0.1 is 2.999…: the edge opens a bin
+        out[d] = f"{lo + i * width:.1f}–{lo + (i + 1) * width:.1f}"
+    return out
+
+
+def _grid(table: pd.DataFrame, value: str, rows: dict[float, str], cols: dict[int, str]) -> tuple[np.ndarray, ...]:
+    """(values, counts) of a heatmap: ``table``'s (depth, length) cells grouped into the row and column labels,
+    each value the mean over its cells weighted by their ``n`` (so a bin's figure is its samples' mean)."""
+    row_labels, col_labels = list(dict.fromkeys(rows.values())), list(dict.fromkeys(cols.values()))
+    val = np.full((len(row_labels), len(col_labels)), np.nan)
+    cnt = np.zeros((len(row_labels), len(col_labels)), dtype=int)
+    keyed = table.assign(row=table["depth"].astype(float).map(rows), col=table["length"].map(cols))
+    for (r, c), g in keyed.groupby(["row", "col"], sort=False):
+        i, j = row_labels.index(r), col_labels.index(c)
+        cnt[i, j] = int(g["n"].sum())
+        val[i, j] = float((g[value] * g["n"]).sum() / cnt[i, j])
+    return val, cnt
+
+
 def tasks_with_depth(records: pd.DataFrame) -> list[str]:
     """Tasks whose records carry a needle depth."""
     if "depth" not in records.columns:
@@ -556,11 +572,11 @@ def informative_strategies(records: pd.DataFrame, task: str, k: int = 3) -> list
     return [s for _, _, s in sorted(scored)[:k]]
 
 
-def _depth_length_axes(ax: Any, columns: list[str], depths: list[float], r: int, c: int, settings: list[str],
+def _depth_length_axes(ax: Any, columns: list[str], depths: list[str], r: int, c: int, settings: list[str],
                        setting: str, name: str) -> None:
     """Ticks, labels and title of one depth × length heatmap panel (row ``r``, column ``c`` of the grid)."""
     ax.set_xticks(range(len(columns)), columns, fontsize=7)
-    ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths], fontsize=7)
+    ax.set_yticks(range(len(depths)), depths, fontsize=7)
     if r == len(settings) - 1:
         ax.set_xlabel("context tokens", fontsize=8)
     if c == 0:
@@ -580,7 +596,8 @@ def needle_figure(records: pd.DataFrame, strategies: Sequence[str] | str, task: 
     if all(t.empty for t in tables.values()) or all(tables[s].empty for s in names[1:]):
         return None
     every = pd.concat([t for t in tables.values() if not t.empty])
-    depths = sorted(every["depth"].unique())
+    rows = depth_bins(every["depth"].tolist())
+    depths = list(dict.fromkeys(rows.values()))
     settings = ordered_settings(every["setting"])
     # Columns per setting: a query-aware prefix holds the question too, so its lengths differ a little.
     bins = {st: _length_bins(every.loc[every["setting"] == st, "length"].tolist()) for st in settings}
@@ -590,23 +607,17 @@ def needle_figure(records: pd.DataFrame, strategies: Sequence[str] | str, task: 
     cmap = matplotlib.colormaps["viridis"]
     im = None
     for r, setting in enumerate(settings):
-        cols = list(dict.fromkeys(bins[setting][v] for v in sorted(bins[setting])))
         for c, name in enumerate(names):
             ax = axes[r, c]
             t = tables[name]
-            t = t[t["setting"] == setting].assign(col=lambda d, b=bins[setting]: d["length"].map(b))
-            acc = np.full((len(depths), len(cols)), np.nan)
-            cnt = np.zeros((len(depths), len(cols)), dtype=int)
-            for (depth, col), g in t.groupby(["depth", "col"]):
-                i, j = depths.index(depth), cols.index(col)
-                cnt[i, j] = int(g["n"].sum())
-                acc[i, j] = float((g["accuracy"] * g["n"]).sum() / cnt[i, j])
+            acc, cnt = _grid(t[t["setting"] == setting], "accuracy", rows, bins[setting])
             im = ax.imshow(acc, cmap=cmap, vmin=0, vmax=1, aspect="auto")
             for (i, j), v in np.ndenumerate(acc):
                 if not math.isnan(v):
                     ax.text(j, i, f"{v:.2f}\nn={cnt[i, j]}", ha="center", va="center", fontsize=7,
                             color="white" if v < 0.55 else "black")
-            _depth_length_axes(ax, cols, depths, r, c, settings, setting, name)
+            _depth_length_axes(ax, list(dict.fromkeys(bins[setting].values())), depths, r, c, settings, setting,
+                               name)
     if im is not None:
         fig.colorbar(im, ax=axes, shrink=0.8, label="accuracy")
     fig.suptitle(f"Needle accuracy by depth × length{f' — {task}' if task else ''}", fontsize=10)
@@ -652,28 +663,26 @@ def needle_map_figure(records: pd.DataFrame, strategies: Sequence[str] | str, ta
     if not names:
         return None
     every = pd.concat([tables[s] for s in names])
-    depths = sorted(every["depth"].unique())
-    lengths = sorted(every["length"].unique())
+    rows = depth_bins(every["depth"].tolist())
+    depths = list(dict.fromkeys(rows.values()))
+    lengths = _length_bins(every["length"].tolist())
+    columns = list(dict.fromkeys(lengths.values()))
     settings = ordered_settings(every["setting"])
-    fig = new_figure(1.4 + len(names) * (1.0 + 0.75 * len(lengths)), 1.0 + len(settings) * (0.9 + 0.42 * len(depths)))
+    fig = new_figure(1.4 + len(names) * (1.0 + 0.75 * len(columns)), 1.0 + len(settings) * (0.9 + 0.42 * len(depths)))
     axes = fig.subplots(len(settings), len(names), squeeze=False, sharey=True)
     cmap = matplotlib.colormaps["RdBu"]
     im = None
     for r, setting in enumerate(settings):
         for c, name in enumerate(names):
             ax, t = axes[r, c], tables[name]
-            t = t[t["setting"] == setting]
-            delta = np.full((len(depths), len(lengths)), np.nan)
-            cnt = np.zeros((len(depths), len(lengths)), dtype=int)
-            for row in t.itertuples():
-                i, j = depths.index(row.depth), lengths.index(row.length)
-                delta[i, j], cnt[i, j] = row.delta_pp, row.n
+            # A bin's Δ is the mean over its pairs: the per-cell differences weighted by their n.
+            delta, cnt = _grid(t[t["setting"] == setting], "delta_pp", rows, lengths)
             im = ax.imshow(delta, cmap=cmap, vmin=-100, vmax=100, aspect="auto")
             for (i, j), v in np.ndenumerate(delta):
                 if not math.isnan(v):
                     ax.text(j, i, f"{v:+.0f}\nn={cnt[i, j]}", ha="center", va="center", fontsize=7,
                             color="white" if abs(v) > 60 else "black")
-            _depth_length_axes(ax, [f"{v:,}" for v in lengths], depths, r, c, settings, setting, name)
+            _depth_length_axes(ax, columns, depths, r, c, settings, setting, name)
     if im is not None:
         fig.colorbar(im, ax=axes, shrink=0.8, label="Δ accuracy vs full (pp)")
     fig.suptitle(f"Needle map: paired loss vs full by depth × length{f' — {task}' if task else ''}", fontsize=10)
@@ -695,14 +704,15 @@ def resolve_strategy(records: pd.DataFrame, name: str) -> str:
 
 
 def write_all(records: pd.DataFrame, summary: pd.DataFrame, out_dir: str | Path,
-              needle_strategies: Sequence[str] | None = None, needle_tasks: Sequence[str] | None = None) -> list[Path]:
-    """Every figure into ``out_dir`` as PNG + SVG: ``pareto`` (pooled scope, or the tasks when nothing is
-    pooled), ``pareto-tasks`` (one panel per task), ``latency``, ``memory``, and ``needle-<task>`` for each
-    task with depth metadata (``needle_strategies``, default the most informative ones there) and its paired-loss
-    map ``needle-map-<task>``."""
+              needle_strategies: Sequence[str] | None = None, needle_tasks: Sequence[str] | None = None,
+              pooled: Mapping[str | None, str] | None = None) -> list[Path]:
+    """Every figure into ``out_dir`` as PNG + SVG: ``pareto`` (pooled scope, titled by ``pooled`` per setting, or
+    the tasks when nothing is pooled), ``pareto-tasks`` (one panel per task), ``latency``, ``memory``, and
+    ``needle-<task>`` for each task with depth metadata (``needle_strategies``, default the most informative ones
+    there) and its paired-loss map ``needle-map-<task>``."""
     chosen = [resolve_strategy(records, s) for s in needle_strategies or []]
     paths: list[Path] = []
-    figures = [("pareto", pareto_figure(summary))]
+    figures = [("pareto", pareto_figure(summary, pooled=pooled))]
     if (summary["task"] == OVERALL).any():
         figures.append(("pareto-tasks", pareto_figure(summary, scopes=_tasks(summary))))
     figures += [("latency", latency_figure(records)), ("memory", memory_figure(records))]

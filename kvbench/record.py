@@ -60,7 +60,8 @@ class Record:
     # -- memory: what the cache holds after prefill and compression ----------------------------------
     kv_bytes: int = _f("memory", "bytes of the tensors the cache holds", measured=True)
     kv_bytes_fp16: int = _f("memory", "bytes a dense 16-bit cache of the same tokens would hold", measured=True)
-    memory_reduction: float = _f("memory", "1 - kv_bytes / kv_bytes_fp16", measured=True)
+    memory_reduction: float = _f("memory", "1 - kv_bytes / kv_bytes_dense: saved against the dense cache the "
+                                           "model itself keeps (its own K/V dtype)", measured=True)
     bytes_per_token: float = _f("memory", "kv_bytes per context token", measured=True)
     held_tokens_mean: float = _f("memory", "tokens held, averaged over layers", measured=True)
     kept_fraction: float = _f("memory", "held_tokens_mean / context_tokens", measured=True)
@@ -97,6 +98,13 @@ class Record:
     baseline_sha256: str | None = _f("identity", "sha256 of the stored baseline file this sample's delta and "
                                                  "fidelity rest on; None when the baseline was computed fresh",
                                      default=None)
+
+    # -- memory, appended last (the on-disk order is historical): the model's own dense reference -------
+    kv_bytes_dense: int | None = _f("memory", "bytes the model's own dense cache (its K/V dtype) holds for the same "
+                                              "tokens: memory_reduction's reference", measured=True, default=None)
+    memory_reduction_fp16: float | None = _f("memory", "1 - kv_bytes / kv_bytes_fp16: saved against a dense 16-bit "
+                                                       "cache (equals memory_reduction on a 16-bit model)",
+                                             measured=True, default=None)
 
     def to_dict(self) -> dict[str, Any]:
         """The record as stored: the run's fields first, then every other field in declaration order.

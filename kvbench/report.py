@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -11,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvbench import fmt
+from kvbench.paired import FAILS, HOLDS, MARGIN_PP, UNDETERMINED
 from kvbench.record import AGGREGATED, PAIRED, Metric
 from kvbench.results import printable
 from kvbench.spec import accuracy_delta, accuracy_interval, binary_metric
@@ -103,6 +105,17 @@ def shown(value: object) -> str:
     return escape(printable(value))
 
 
+def row_verdict(row: Any) -> str:
+    """A summary row's reading of its own interval against the 1-point margin (spec v1.2 §2.2), unadjusted:
+    one run's table, not the claim check (``kvbench leaderboard`` applies Holm and the clustered interval)."""
+    if getattr(row, "delta_method", None) == REFERENCE:
+        return "reference"
+    low, high = float(row.delta_ci_low), float(row.delta_ci_high)
+    if np.isnan(low) or np.isnan(high):
+        return fmt.MISSING_ASCII
+    return HOLDS if low > -MARGIN_PP else FAILS if high < -MARGIN_PP else UNDETERMINED
+
+
 def print_table(summary: pd.DataFrame, console: Console | None = None) -> None:
     """The end-of-run table: strategy, task, n, accuracy, delta (CI), KV MiB, reduction, latency.
 
@@ -112,21 +125,22 @@ def print_table(summary: pd.DataFrame, console: Console | None = None) -> None:
     from kvbench.labels import shorten
 
     labels = [shorten(s) for s in summary["strategy"]] if not summary.empty else []
-    # The other columns take about 120 characters; room for the longest label keeps every row on one line.
-    width = max([150, *(120 + len(label) for label in labels)])
+    # The other columns take about 145 characters; room for the longest label keeps every row on one line.
+    width = max([175, *(145 + len(label) for label in labels)])
     if console is None:
         console = Console()
         if not console.is_terminal or console.width < width:
             console = Console(width=width)  # pipes and CI logs default to 80 columns, which folds every cell
     table = Table(title="kvbench results (spec v" + shown(summary["spec_version"].iloc[0]) + ")"
                   if not summary.empty else "kvbench results")
-    for col in ("strategy", "task", "n", "accuracy", "delta pp (95% CI)", "KV MiB", "reduction", "KL",
-                "prefill s", "decode ms/tok"):
+    for col in ("strategy", "task", "n", "accuracy", "delta pp (95% CI)", f"verdict ({MARGIN_PP:g} pp)", "KV MiB",
+                "reduction", "KL", "prefill s", "decode ms/tok"):
         table.add_column(col, justify="left" if col in ("strategy", "task") else "right",
                          overflow="fold")
     for label, r in zip(labels, summary.itertuples(), strict=True):
         ci = fmt.interval(r.delta_pp, r.delta_ci_low, r.delta_ci_high, missing=fmt.MISSING_ASCII)
-        table.add_row(shown(label), shown(r.task), str(r.n), _fmt(r.accuracy, ".3f"), ci, _fmt(r.kv_mib, ".2f"),
+        table.add_row(shown(label), shown(r.task), str(r.n), _fmt(r.accuracy, ".3f"), ci, row_verdict(r),
+                      _fmt(r.kv_mib, ".2f"),
                       _fmt(100 * r.memory_reduction, ".1f") + "%", _fmt(r.kl, ".4f"), _fmt(r.prefill_s, ".2f"),
                       _fmt(r.decode_ms_per_token, ".1f"))
     console.print(table)

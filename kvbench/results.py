@@ -214,8 +214,16 @@ def environment() -> dict[str, Any]:
                                 cwd=Path(__file__).resolve().parent).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
+    # The whole resolved set as well: two installs of one lock file are the same environment, and a reader can
+    # check that (the seven above stay first for the readers that use them).
+    installed = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            installed[str(name).lower()] = dist.version
     return {
         "packages": pkgs,
+        "installed": dict(sorted(installed.items())),
         "git_commit": commit,
         "python": platform.python_version(),
         "platform": platform.platform(),

@@ -14,6 +14,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench import SPEC_VERSION
+from kvbench.arch import describe, nothing_to_compress
 from kvbench.baselines import BaselineKey
 from kvbench.engine import Engine, check_lengths
 from kvbench.errors import KVBenchError
@@ -88,8 +89,14 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
         strategies = resolve_strategies(cfg)
     dtype = cfg.model.get("dtype") or profile.dtype
     attn = cfg.model.get("attn_implementation")
+    if cfg.engine.progress:
+        print(announce(cfg, strategies), flush=True)
     lm = load_model(cfg.model.name, dtype=dtype, device=device, path=cfg.model.get("path"), seed=cfg.seed,
                     attn_implementation=attn)
+    describe(lm.model, strategies)  # load_model checked the model; this checks each strategy on it (MLA)
+    note = nothing_to_compress(lm.model.config, [s.name for s in strategies])
+    if note:
+        warn(note)
     samples = build_samples(cfg.task.name, cfg.task, lm.tokenizer, lm.max_context)
     for s in samples:
         check_lengths(s, lm.max_context)
@@ -153,6 +160,28 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
     return summary
 
 
+def announce(cfg: DictConfig, strategies: list[Strategy]) -> str:
+    """The run's first line, printed before the model loads: what will run, where it goes, and the time it is
+    expected to take from the medians measured in the store (this run's, else the checkout's ``results/``)."""
+    from kvbench.projection import JobInfo, _fmt_duration, project
+
+    n = int(cfg.task.get("n_samples") or 1)
+    qpc = int(cfg.task.get("questions_per_context") or 1)
+    tokens = int(cfg.task.get("context_tokens") or 0)
+    job = JobInfo(str(cfg.model.name), str(cfg.hardware.name), tokens, n, [(s.name, s.label()) for s in strategies],
+                  str(cfg.results_dir), qpc)
+    what = (f"kvbench: {dataset_name(cfg.task)}, {n * qpc} question(s)"
+            + (f" on {n} context(s)" if qpc > 1 else "") + f" x {len(strategies)} strategies "
+            f"({', '.join(s.name for s in strategies)}) on {cfg.model.name}"
+            + (f" at {tokens} tokens" if tokens else "") + f", into {cfg.results_dir}")
+    for store in dict.fromkeys([str(cfg.results_dir), "results"]):
+        p = project([job], store)
+        if p.measured:
+            return (f"{what}; expected ~{_fmt_duration(p.seconds)} plus model loading "
+                    f"(medians measured in {store}/store)")
+    return f"{what}; no measured rate for it yet (the first sample's time gives the ETA)"
+
+
 @dataclass
 class RunIdentity:
     """What names a job's run (:func:`run_identity`)."""
@@ -208,6 +237,9 @@ def _run_with_progress(engine: Engine, samples: list[Sample], strategies: list[S
                        store: RunStore, baseline_dir: Path | None, baseline_key: Any, show: bool,
                        chunk_tokens: int, batch_size: int = 1, max_new: int = 0) -> None:
     """One bar step per (sample, strategy) evaluation, labelled with the strategy running, with an ETA."""
+    import sys
+    import time
+
     from rich.markup import escape
     from rich.progress import (
         BarColumn,
@@ -218,15 +250,31 @@ def _run_with_progress(engine: Engine, samples: list[Sample], strategies: list[S
         TimeRemainingColumn,
     )
 
+    from kvbench.projection import _fmt_duration
+
+    # A bar on a terminal; elsewhere (a log, CI, `| tee`) a bar is only drawn at the end, so one line per
+    # finished sample instead, with its ETA.
+    terminal = sys.stdout.isatty()
+    total = len(samples) * len(strategies)
+    start, evaluated, resumed = time.monotonic(), [0], [0]
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("eta"), TimeRemainingColumn(), disable=not show, transient=False) as bar:
-        tid = bar.add_task("sample x strategy", total=len(samples) * len(strategies))
+                  TextColumn("eta"), TimeRemainingColumn(), disable=not (show and terminal), transient=False) as bar:
+        tid = bar.add_task("sample x strategy", total=total)
 
         def progress(n_done: int, strategy: str) -> None:
             if strategy:  # escaped: rich would read a label like `[full, int8]` as markup and drop it
                 bar.update(tid, description=escape(f"sample x strategy: {strategy}"))
             if n_done:
                 bar.advance(tid, n_done)
+                if not strategy:  # a sample stored by an earlier run: skipped, not measured
+                    resumed[0] += n_done
+                before, evaluated[0] = evaluated[0], evaluated[0] + n_done
+                if show and not terminal and strategy and evaluated[0] // len(strategies) > before // len(strategies):
+                    elapsed = time.monotonic() - start
+                    eta = elapsed / max(evaluated[0] - resumed[0], 1) * (total - evaluated[0])
+                    kept = f", {resumed[0] // len(strategies)} kept from earlier runs" if resumed[0] else ""
+                    print(f"kvbench: {evaluated[0] // len(strategies)} of {len(samples)} samples stored{kept} "
+                          f"({_fmt_duration(elapsed)} elapsed, eta {_fmt_duration(eta)})", flush=True)
 
         run_samples(engine, samples, strategies, done, store.append, baseline_dir, baseline_key,
                     progress=progress, chunk_tokens=chunk_tokens, batch_size=batch_size, max_new=max_new)

@@ -35,11 +35,12 @@ NEWCOMBE, BCA = "newcombe-paired", "bca-bootstrap"
 
 
 # -- memory -----------------------------------------------------------------------------------------
-def memory_reduction(kv_bytes: int, kv_bytes_fp16: int) -> float:
-    """``1 - kv_bytes / kv_bytes_fp16``: the fraction of a dense 16-bit cache of the same tokens saved."""
-    if kv_bytes_fp16 <= 0:
+def memory_reduction(kv_bytes: int, reference_bytes: int) -> float:
+    """``1 - kv_bytes / reference_bytes``: the fraction of a dense reference cache of the same tokens saved (the
+    model's own K/V dtype for ``memory_reduction``, 16-bit for ``memory_reduction_fp16``)."""
+    if reference_bytes <= 0:
         return float("nan")
-    return 1.0 - kv_bytes / kv_bytes_fp16
+    return 1.0 - kv_bytes / reference_bytes
 
 
 class PeakMemory:

@@ -55,6 +55,7 @@ from typing import Any
 import yaml
 
 from kvbench.errors import KVBenchError
+from kvbench.projection import JobInfo, Projection, _fmt_duration, project, projection_text  # noqa: F401
 from kvbench.sequential import Design
 
 #: ``--launcher`` choices: Hydra launcher plugin config names and the pip package providing each.
@@ -228,26 +229,6 @@ def rounds_needed(sweep: Sweep, jobs: list[JobInfo]) -> int:
     return max(1, math.ceil(max((j.n_questions for j in jobs), default=1) / sweep.per_round))
 
 
-@dataclass
-class JobInfo:
-    """What a job's cost depends on, from its composed config."""
-
-    model: str
-    hardware: str
-    context_tokens: int
-    n_samples: int  # task.n_samples: contexts when a context carries several questions
-    strategies: list[tuple[str, str]]  # (name, label), `full` first
-    results_dir: str = "results"
-    questions_per_context: int = 1  # task.questions_per_context (query-agnostic multi-question contexts)
-    done: int = 0  # questions already stored with every one of the job's strategies, under the job's run id
-    run_id: str = ""
-
-    @property
-    def n_questions(self) -> int:
-        """The samples (questions) the job runs to, the unit ``engine.max_new_samples`` counts."""
-        return self.n_samples * self.questions_per_context
-
-
 def describe_jobs(sweep: Sweep) -> list[JobInfo]:
     """Compose and check every job as ``python -m kvbench`` would (one-line :class:`KVBenchError` on the first
     bad one), and return what each job's cost depends on."""
@@ -308,73 +289,6 @@ def finished(cfg: Any, strategies: list[Any]) -> tuple[str, int]:
     for r in records:
         seen.setdefault(str(r.get("sample_id")), set()).add(str(r.get("strategy")))
     return run_id, sum(1 for got in seen.values() if labels <= got)
-
-
-@dataclass
-class Projection:
-    """Serial job seconds for the jobs with measurements, and the jobs without."""
-
-    seconds: float
-    measured: int
-    unmeasured: list[JobInfo]
-    source: str
-
-
-def _per_sample(df: Any) -> Any:
-    """Seconds per sample a strategy adds after the shared prefill: compression, query and decoding."""
-    return (df["compress_s"].fillna(0) + df["query_s"].fillna(0)
-            + df["decode_ms_per_token"].fillna(0) * df["decode_steps"].fillna(0) / 1000)
-
-
-def project(jobs: list[JobInfo], results_dir: str | Path = "results") -> Projection:
-    """Serial seconds of ``jobs`` from records measured on this kind of machine.
-
-    A job's cost is ``contexts x median prefill + questions x (sum over its strategies, baseline included, of
-    the median compress + query + decode seconds per question)`` (one prefill per context; a context's
-    compression is counted once per question, an over-estimate by the compress seconds when it has several),
-    the medians taken over stored records of the same model, hardware and context length (a strategy matched by
-    its exact parameters, else by its name). A job any of whose figures has no such record is counted as
-    unmeasured. Model loading is not in the records, so it is not in the projection; jobs already finished are
-    skipped when run, so a re-run costs less.
-    """
-    source = f"median per-sample prefill/compress/decode seconds in {results_dir}/store, same model/hardware/context"
-    try:
-        from kvbench.results import read_store
-
-        df = read_store(results_dir)
-    except Exception:  # an unreadable store only costs the projection
-        df = None
-    need = {"model", "hardware", "context_tokens", "strategy", "strategy_name", "prefill_s", "compress_s",
-            "query_s", "decode_ms_per_token", "decode_steps"}
-    if df is None or df.empty or not need <= set(df.columns):
-        return Projection(0.0, 0, list(jobs), source)
-    df = df.assign(_rest=_per_sample(df))
-    groups = {k: g for k, g in df.groupby(["model", "hardware", "context_tokens"])}
-    total, measured, unmeasured = 0.0, 0, []
-    for job in jobs:
-        g = groups.get((job.model, job.hardware, job.context_tokens))
-        if g is None:
-            unmeasured.append(job)
-            continue
-        costs = []
-        for name, label in job.strategies:
-            rows = g[g["strategy"] == label]
-            rows = rows if not rows.empty else g[g["strategy_name"] == name]
-            costs.append(float(rows["_rest"].median()) if not rows.empty else math.nan)
-        if any(math.isnan(c) for c in costs):
-            unmeasured.append(job)
-            continue
-        left = max(job.n_questions - job.done, 0)
-        contexts = -(-left // job.questions_per_context)  # a context's questions share its prefill
-        total += contexts * float(g["prefill_s"].median()) + left * sum(costs)
-        measured += 1
-    return Projection(total, measured, unmeasured, source)
-
-
-def _fmt_duration(seconds: float) -> str:
-    h, rem = divmod(int(round(seconds)), 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
 def commands(sweep: Sweep, python: str = sys.executable, stamp: str | None = None,
@@ -518,21 +432,6 @@ def main(argv: list[str] | None = None) -> int:
                   + stopped, file=sys.stderr)
             return 1
     return 0
-
-
-def projection_text(p: Projection, n_jobs: int, par: int) -> str:
-    if not p.measured:
-        return (f"estimate: no measurement yet for any of the {n_jobs} jobs ({p.source}); run one job of the "
-                "sweep first and the dry run projects the rest")
-    text = (f"estimate: {_fmt_duration(p.seconds)} of job time for {p.measured} of {n_jobs} jobs ({p.source}; "
-            f"model loading not included); ~{_fmt_duration(p.seconds / par)} wall at {par} job(s) at once. "
-            "Finished jobs are skipped.")
-    if p.unmeasured:
-        first = p.unmeasured[0]
-        names = ",".join(n for n, _ in first.strategies)
-        text += (f"\n  no measurement yet for {len(p.unmeasured)} job(s), e.g. {names} at {first.context_tokens} "
-                 f"tokens on {first.model}/{first.hardware}")
-    return text
 
 
 def _check_launcher(name: str) -> None:

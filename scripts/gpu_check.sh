@@ -10,7 +10,8 @@
 # Usage: scripts/gpu_check.sh [--dry-run]
 #   --dry-run  check what can be checked without a GPU (the interpreter, the scripts and their CLIs) and
 #              print the commands instead of running them (tests/test_gpu_check.py runs this on CPU)
-# Environment: PYTHON (default .venv/bin/python if present, else python), OUT (default results/perf),
+# Environment: PYTHON (default: .venv/bin/python, the main checkout's .venv from a git worktree, an activated
+#   venv, else python3; refused in one line unless it imports torch, transformers and hydra), OUT (default results/perf),
 #   CONTEXT (default 8192), SAMPLES (default 16), BATCHES (default "4 16"), STEP_TIMEOUT (seconds per step,
 #   default 200).
 set -euo pipefail
@@ -25,9 +26,15 @@ for arg in "$@"; do
   esac
 done
 
+# The project's interpreter: PYTHON, else the venv scripts/setup.sh makes (.venv here, or the main checkout's
+# .venv when this is a git worktree), else an activated venv, else python3 on PATH.
+MAIN_VENV="$(git rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)"
+MAIN_VENV="${MAIN_VENV:+${MAIN_VENV%/.git}/.venv/bin/python}"
 if [[ -n "${PYTHON:-}" ]]; then PY="$PYTHON"
 elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python
-else PY=python; fi
+elif [[ -n "$MAIN_VENV" && -x "$MAIN_VENV" ]]; then PY="$MAIN_VENV"
+elif [[ -n "${VIRTUAL_ENV:-}" && -x "$VIRTUAL_ENV/bin/python" ]]; then PY="$VIRTUAL_ENV/bin/python"
+else PY=python3; fi
 OUT="${OUT:-results/perf}"
 CONTEXT="${CONTEXT:-8192}"
 SAMPLES="${SAMPLES:-16}"
@@ -41,6 +48,9 @@ for b in $BATCHES; do
   [[ "$b" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check.sh: BATCHES must be positive integers (got $b)" >&2; exit 2; }
 done
 command -v "$PY" >/dev/null || { echo "gpu_check.sh: python interpreter $PY not found; set PYTHON=" >&2; exit 2; }
+"$PY" -c "import torch, transformers, hydra" 2>/dev/null || { echo "gpu_check.sh: $PY cannot import torch, \
+transformers and hydra (not the project's venv); run scripts/setup.sh, or point PYTHON=/path/to/.venv/bin/python" >&2
+  exit 2; }
 for f in tests/test_gpu_path.py tests/test_arch_matrix.py scripts/bench_harness.py; do
   [[ -f "$f" ]] || { echo "gpu_check.sh: $f is missing" >&2; exit 2; }
 done

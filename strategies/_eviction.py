@@ -120,18 +120,21 @@ def _grouped(queries: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return queries.reshape(b, kv_heads, hq // kv_heads, q, d)
 
 
-def attention_probs(queries: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
+def attention_probs(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal softmax attention ``[B, H, G, Q, N]`` (float32) of the last Q positions' queries over ``keys``.
 
     Query ``i`` sits at key index ``N - Q + i`` and sees keys up to and including it. Meant for a few
     queries (observation windows, the current decode step); use :func:`attention_column_sums` for many.
+    ``sinks`` (GPT-OSS, ``[q_heads]``): learned logits of an extra column that takes its share of the softmax
+    and is dropped, as the model's own attention does.
     """
     n, nq = keys.shape[-2], queries.shape[-2]
-    return _probs(_grouped(queries, keys.shape[1]).float(), keys.float(), scaling, first_pos=n - nq)
+    return _probs(_grouped(queries, keys.shape[1]).float(), keys.float(), scaling, first_pos=n - nq, sinks=sinks)
 
 
 def attention_column_sums(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
-                          chunk: int = QUERY_CHUNK) -> torch.Tensor:
+                          chunk: int = QUERY_CHUNK, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention each key receives, summed over the queries of the last Q positions: ``[B, H, G, N]`` fp32.
 
     Processes ``chunk`` queries at a time and only the keys a chunk can see, so memory stays
@@ -145,12 +148,13 @@ def attention_column_sums(queries: torch.Tensor, keys: torch.Tensor, scaling: fl
         stop = min(start + chunk, nq)
         visible = n - nq + stop  # keys up to the block's last query position
         block = grouped[:, :, :, start:stop].float()
-        probs = _probs(block, k[:, :, :visible], scaling, first_pos=n - nq + start)
+        probs = _probs(block, k[:, :, :visible], scaling, first_pos=n - nq + start, sinks=sinks)
         out[..., :visible] += probs.sum(dim=-2)
     return out
 
 
-def _probs(q: torch.Tensor, k: torch.Tensor, scaling: float, first_pos: int) -> torch.Tensor:
+def _probs(q: torch.Tensor, k: torch.Tensor, scaling: float, first_pos: int,
+           sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax of grouped queries ``[B, H, G, Q, D]`` at key indices ``first_pos..`` over ``[B, H, N, D]``."""
     b, h, g, nq, d = q.shape
     n = k.shape[-2]
@@ -160,6 +164,9 @@ def _probs(q: torch.Tensor, k: torch.Tensor, scaling: float, first_pos: int) -> 
     block = logits[..., first_pos:]
     ar = torch.arange(max(n - first_pos, nq), device=q.device)
     block.masked_fill_(ar[: n - first_pos] > ar[:nq, None], float("-inf"))
+    if sinks is not None:  # query head h * G + g has sink logit sinks[h * G + g]
+        sink = sinks.float().to(logits.device).view(1, h, g, 1, 1).expand(b, h, g, nq, 1)
+        return torch.cat([logits, sink], dim=-1).softmax(dim=-1)[..., :n]
     return logits.softmax(dim=-1)
 
 

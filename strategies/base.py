@@ -108,6 +108,9 @@ class Strategy(ABC):
     cache_copyable: ClassVar[bool] = True
     #: Chooses what to keep from attention scores ("attention-guided management" in the claim check).
     attention_guided: ClassVar[bool] = False
+    #: Its stores give keys and values one shape (one buffer layout for both): a multi-head latent attention
+    #: cache, whose values slot holds a rotary key narrower than the latent, is refused (kvbench.arch).
+    same_kv_width: ClassVar[bool] = False
 
     @property
     def query_window(self) -> int | None:

@@ -49,13 +49,14 @@ class _HeavyHitters(EvictionPolicy):
             got = queries.shape[-2]
             raise KVBenchError(f"h2o needs the queries of all {n} prefix positions (got {got}); "
                                "capture them with query_window=None")
-        self.acc = attention_column_sums(queries[..., -n:, :], keys, capture.scaling).mean(dim=2)
+        self.acc = attention_column_sums(queries[..., -n:, :], keys, capture.scaling, sinks=capture.sinks).mean(dim=2)
         return self.acc
 
     def decode_scores(self, keys: torch.Tensor, values: torch.Tensor, n_new: int,
                       queries: torch.Tensor | None, capture: LayerCapture | None) -> torch.Tensor:
         assert queries is not None and capture is not None and self.acc is not None
-        fresh = attention_column_sums(queries[..., -n_new:, :], keys, capture.scaling).mean(dim=2)
+        fresh = attention_column_sums(queries[..., -n_new:, :], keys, capture.scaling,
+                                      sinks=capture.sinks).mean(dim=2)
         self.acc = torch.cat([self.acc, self.acc.new_zeros(*self.acc.shape[:2], n_new)], dim=-1) + fresh
         return self.acc
 

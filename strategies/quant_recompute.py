@@ -106,7 +106,8 @@ class Segment:
             torch.cuda.synchronize(ids.device)
         self.seconds += time.perf_counter() - began
         self.recomputes += 1
-        self.pending = {i: (layer.keys, layer.values) for i, layer in enumerate(cache.layers)}
+        # A hybrid's recurrent layers hold no K/V (their state is the model's, not this store's).
+        self.pending = {i: (layer.keys, layer.values) for i, layer in enumerate(cache.layers) if hasattr(layer, "keys")}
         self.transient_bytes = sum(k.numel() * k.element_size() * 2 for k, _ in self.pending.values())
 
 
@@ -316,6 +317,7 @@ class QuantRecompute(Strategy):
 
     name = "quant_recompute"
     family = "recompute"
+    same_kv_width = True  # the recomputed segment and the quantized prefix share one layout
     bits: int = 4
     group_size: int = 32
     recompute_tokens: int = 32

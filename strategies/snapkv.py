@@ -74,7 +74,7 @@ class ObservationWindow(EvictionPolicy):
         assert queries is not None and capture is not None
         n = keys.shape[-2]
         self.window = w = min(self.strategy.window_size, queries.shape[-2], n)
-        probs = attention_probs(queries[..., -w:, :], keys, capture.scaling)  # [B, H, G, w, N]
+        probs = attention_probs(queries[..., -w:, :], keys, capture.scaling, capture.sinks)  # [B, H, G, w, N]
         votes = probs[..., : n - w].sum(dim=-2)  # attention the window pays each older token
         pooled = pool_scores(votes, self.strategy.kernel_size, self.strategy.pooling).mean(dim=2)
         return F.pad(pooled, (0, w))  # window tokens are protected; their score is never read

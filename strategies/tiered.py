@@ -92,6 +92,10 @@ def attention_mass(keys: torch.Tensor, capture: LayerCapture, window: int) -> to
         pos = torch.arange(t - w, t, device=keys.device)
     future = torch.arange(t, device=keys.device)[None, :] > pos[:, None]  # causal mask [w, t]
     logits.masked_fill_(future.repeat(hq // hkv, 1), float("-inf"))
+    if capture.sinks is not None:  # GPT-OSS: each query head's sink logit takes its share, then is dropped
+        sink = capture.sinks.float().to(keys.device).view(1, hkv, hq // hkv, 1).expand(b, hkv, hq // hkv, w)
+        logits = torch.cat([logits, sink.reshape(b, hkv, -1, 1)], dim=-1)
+        return torch.softmax(logits, dim=-1)[..., :t].sum(dim=-2)
     return torch.softmax(logits, dim=-1).sum(dim=-2)
 
 
@@ -422,6 +426,7 @@ class Tiered(Strategy):
 
     name = "tiered"
     family = "tiered"
+    same_kv_width = True  # hot and cold segments are reassembled into one K and one V buffer of one shape
     # Its stores hold files and cross-layer prefetch links: a deep copy would share them (kvbench.engine.can_clone).
     cache_copyable = False
     sink_tokens: int = 4

@@ -37,7 +37,7 @@ class _LastQueryAttention(EvictionPolicy):
     def prefill_scores(self, keys: torch.Tensor, values: torch.Tensor,
                        queries: torch.Tensor | None, capture: LayerCapture | None) -> torch.Tensor:
         assert queries is not None and capture is not None
-        probs = attention_probs(queries[..., -1:, :], keys, capture.scaling)[..., 0, :]  # [B, H, G, N]
+        probs = attention_probs(queries[..., -1:, :], keys, capture.scaling, capture.sinks)[..., 0, :]  # [B, H, G, N]
         per_kv_head = probs.mean(dim=2)
         return per_kv_head if self.strategy.per_head else per_kv_head.mean(dim=1, keepdim=True)
 

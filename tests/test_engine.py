@@ -46,9 +46,11 @@ def test_records_cover_every_sample_and_strategy(engine, tmp_path):
     full = [r for r in recs if r["strategy_name"] == "full"]
     int8 = [r for r in recs if r["strategy_name"] == "int8"]
     assert all(r["kl"] == 0.0 and r["top1_agreement"] == 1.0 for r in full)
-    # tiny model is float32: the dense reference is 16-bit, so `full` holds twice the reference bytes
-    assert all(r["memory_reduction"] == pytest.approx(-1.0) for r in full)
-    assert all(r["memory_reduction"] == pytest.approx(1 - 10 / 16) for r in int8)
+    # tiny model is float32: saved against its own float32 cache, with the 16-bit figure beside it
+    assert all(r["memory_reduction"] == 0.0 and r["memory_reduction_fp16"] == pytest.approx(-1.0) for r in full)
+    assert all(r["kv_bytes_dense"] == 2 * r["kv_bytes_fp16"] == r["kv_bytes"] for r in full)
+    assert all(r["memory_reduction"] == pytest.approx(1 - 10 / 32) for r in int8)
+    assert all(r["memory_reduction_fp16"] == pytest.approx(1 - 10 / 16) for r in int8)
     assert all(r["kl"] >= 0 and r["generated_tokens"] >= 1 for r in int8)
     assert all(r["context_tokens"] == 120 and r["spec_version"] for r in recs)
     assert all(r["decode_ms_per_token"] > 0 for r in recs)

@@ -508,7 +508,7 @@ def test_end_of_run_table_uses_short_labels_on_one_line(records, capsys):
     from kvbench.report import print_table, summarize
 
     summary = summarize(leaderboard.paired_records(records))
-    console = Console(width=150, record=True)
+    console = Console(width=175, record=True)
     print_table(summary, console)
     text = console.export_text()
     for label in ("int8(group_size=8)", "int4(group_size=8,residual_length=0)", "streaming_llm", "full"):
@@ -564,8 +564,10 @@ def test_answer_table_ranks_by_verdict_then_memory_and_keeps_offloading_apart(re
     for setting in lb.settings:
         part = lb.table[lb.table["setting"] == setting]
         ranked = part[part["section"] == leaderboard.RANKED].sort_values("rank", kind="mergesort")
-        keys = list(zip(ranked["verdict_order"], -ranked["all.memory_reduction"], strict=True))
+        open_ = ranked[ranked["all.verdict"] != leaderboard.BEYOND]
+        keys = list(zip(open_["verdict_order"], -open_["all.memory_reduction"], strict=True))
         assert keys == sorted(keys)  # verdict first, then the most memory saved
+        assert list(ranked["verdict_order"]) == sorted(ranked["verdict_order"])
         tiered = part[part["family"] == "tiered"].iloc[0]
         assert tiered["section"] == leaderboard.OFFLOADING and pd.isna(tiered["rank"])
         full = part[part["strategy"] == "full"].iloc[0]
@@ -575,11 +577,11 @@ def test_answer_table_ranks_by_verdict_then_memory_and_keeps_offloading_apart(re
         assert len(twins) == 2 and twins["rank"].nunique() == 1 and twins["tie"].all()
 
     md = leaderboard.render_markdown(lb)
-    main = md.split("## Query-agnostic", 1)[1].split("###", 1)[0]
+    main = md.split("### Query-agnostic: ranked", 1)[1].split("###", 1)[0]
     rows = [ln for ln in main.splitlines() if ln.startswith("| ") and not ln.startswith("| #")]
     assert "tiered" not in main and "### Query-agnostic: offloading" in md  # its own, named section
-    # full closes the table as the reference, without an interval (the float32 fixture holds twice the bytes)
-    assert rows[-1].startswith("| ref. | full | baseline | -100.0% | reference | – |")
+    # full closes the table as the reference, without an interval, saving nothing against its own cache
+    assert rows[-1].startswith("| ref. | full | baseline | 0.0% | reference | – |")
     assert sum(ln.startswith("| 1= |") for ln in rows) == 2  # the int4 twins are the answer, tied
     assert "tied" in leaderboard.answer_sentence(lb, "query-agnostic")
 
@@ -655,3 +657,96 @@ def test_pooled_documents_count_the_records_the_pooled_column_pools():
     table = leaderboard.build(recs).table.set_index("strategy")
     assert table.loc["int8", "all.n"] == 12 and table.loc["int8", "all.documents"] == 12
     assert table.loc["full", "all.documents"] == 12  # the reference row too, though it has no comparison
+
+
+def _board_records(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    recs = pd.concat(parts, ignore_index=True).assign(dtype="float32", config_hash="abc", run_id="r-m-abc", seed=0,
+                                                      params="{}")
+    recs["strategy_name"] = recs["strategy"]
+    return recs
+
+
+def _two_lengths(scores: dict[str, list[float]], reduction: dict[str, float] | None = None) -> pd.DataFrame:
+    """legal and papers at 4,096 tokens, fiction at 2,048: the committed leaderboard's shape."""
+    from test_claims import _records
+
+    n = len(next(iter(scores.values())))
+    parts = [_records(scores, task=t, context=c, reduction=reduction, docs=[f"{t}{i}" for i in range(n)])
+             for t, c in (("legal", 4096), ("papers", 4096), ("fiction", 2048))]
+    return _board_records(parts)
+
+
+def test_every_table_heading_names_its_context_lengths_and_the_pooled_scope():
+    lb = leaderboard.build(_two_lengths({"full": [1] * 6, "int8": [1] * 6}))
+    scope = lb.pooled_scope("query-aware")
+    assert scope.tasks == ("legal", "papers") and scope.tokens == 4096 and scope.left_out == (("fiction", "2,048"),)
+    md, page = leaderboard.render_markdown(lb), leaderboard.render_html(lb)
+    headings = [ln for ln in md.splitlines() if ln.startswith("### ")]
+    assert len(headings) == 3 and all("4,096" in h for h in headings)  # answer, per task, latency
+    pooled = "legal, papers pooled at 4,096 tokens; not pooled: fiction at 2,048 tokens"
+    assert headings[0] == f"### Query-aware: ranked ({pooled})"
+    assert headings[1] == "### Query-aware: per task (context tokens: fiction 2,048; legal 4,096; papers 4,096)"
+    assert "legal, papers pooled at 4,096 tokens" in leaderboard.answer_sentence(lb, "query-aware")
+    assert page.count("<h3") == 3 and f"ranked ({pooled})</h3>" in page
+    # The claim check names the same scope: what its pooled rows pool and leave out.
+    assert ("Pooled scope *all tasks at 4,096 tokens (pooled)*: legal, papers; not pooled: fiction (2,048 tokens)."
+            in leaderboard.render_claim_check(lb))
+
+
+def test_rows_that_fail_rank_by_their_loss_not_by_memory():
+    """int2 saves more and loses 50 points, snapkv saves less and loses 20: both fail, and the smaller loss comes
+    first. Among undetermined rows the larger saving still comes first (the page's question)."""
+    n = 40
+    scores = {"full": [1] * n, "int2": [1] * (n // 2) + [0] * (n // 2), "snapkv": [1] * 32 + [0] * 8,
+              "int8": [1] * n, "int4": [1] * 39 + [0]}
+    lb = leaderboard.build(_two_lengths(scores, {"int2": 0.8, "snapkv": 0.5, "int8": 0.48, "int4": 0.7}))
+    rank = lb.table.set_index("strategy")["rank"]
+    verdict = lb.table.set_index("strategy")["all.verdict"]
+    assert verdict["int2"] == verdict["snapkv"] == leaderboard.BEYOND == "fails"
+    assert rank["snapkv"] < rank["int2"]
+    assert verdict["int4"] == leaderboard.UNDECIDED_OUT and verdict["int8"] == leaderboard.UNDECIDED_IN
+    assert rank["int8"] < rank["int4"] < rank["snapkv"]
+
+
+def test_verdicts_use_the_spec_and_claim_check_words():
+    from kvbench import paired
+
+    assert leaderboard.WITHIN == paired.HOLDS and leaderboard.BEYOND == paired.FAILS
+    assert all(v.startswith("undetermined") for v in (leaderboard.UNDECIDED_IN, leaderboard.UNDECIDED_OUT))
+    spec = (Path(__file__).resolve().parents[1] / "docs" / "measurement-spec.md").read_text()
+    assert "| holds |" in spec and "| fails |" in spec and "| undetermined |" in spec
+
+
+def test_offloading_is_never_in_a_memory_column(records):
+    lb = leaderboard.build(with_offloading_and_a_tie(records))
+    md = leaderboard.render_markdown(lb)
+    for title in ("per task", "memory and latency per task"):
+        table = md.split(f"### Query-agnostic: {title} (", 1)[1].split("\n### ", 1)[0]
+        header = next(ln for ln in table.splitlines() if ln.startswith("| strategy"))
+        row = next(ln for ln in table.splitlines() if ln.startswith("| tiered"))
+        cells = dict(zip(header.split(" | "), row.split(" | "), strict=True))
+        memory = [h for h in cells if "mem. saved" in h or "KV B/tok" in h]
+        assert memory and all(cells[h] == "–" for h in memory), cells
+        assert "Offloading (`tiered(hot_tokens=4)`) is left out of the memory columns" in table
+    page = leaderboard.render_html(lb)
+    tasks = page.split('id="table-query-agnostic-tasks"', 1)[1].split("</table>", 1)[0]
+    tiered = tasks.split('data-strategy="tiered(hot_tokens=4)">', 1)[1].split("</tr>", 1)[0]
+    assert '<td class="num" data-v="">–</td>' in tiered  # sorts as missing, too
+
+
+def test_no_answer_is_named_when_full_itself_is_below_the_floor():
+    """full at 0/4 on the pooled tasks (the 0/2 sweep of the issue, two tasks): no answer, no highlighted row; at
+    2/6 (Wilson 0.097–0.70) its interval still reaches below the floor; at 4/4 (0.51–1) the answer is named."""
+    lb = leaderboard.build(_two_lengths({"full": [0, 0], "int8": [0, 0]}))
+    sentence = leaderboard.answer_sentence(lb, "query-aware")
+    assert sentence.startswith("No answer: `full` itself scores 0.000 [0.000, 0.490] (n = 4)")
+    assert "**" not in sentence and "`int8`" not in sentence
+    assert f"below a lower end of {leaderboard.BASELINE_FLOOR:g}" in sentence
+    page = leaderboard.render_html(lb)
+    assert 'class="answer"' not in page
+    half = leaderboard.build(_two_lengths({"full": [1, 0, 0], "int8": [1, 0, 0]}))
+    assert not leaderboard.answer_shown(half, "query-aware")
+    fine = leaderboard.build(_two_lengths({"full": [1, 1], "int8": [1, 1]}))
+    assert leaderboard.answer_shown(fine, "query-aware")
+    assert leaderboard.answer_sentence(fine, "query-aware").startswith("**Answer")
+    assert 'class="answer"' in leaderboard.render_html(fine)

@@ -163,7 +163,8 @@ def test_compression_reaches_every_continuation_token(tiny_dir):
     assert a != b and a == pytest.approx(b, abs=0.05)
     cache = int8.get_model_info()["kvbench"]["cache"]
     # float32 model, int8 with a float16 scale per 16 channels: 9 bits against the 16-bit reference
-    assert cache["memory_reduction"] == pytest.approx(1 - 9 / 16)
+    assert cache["memory_reduction"] == pytest.approx(1 - 9 / 32)  # against the float32 model's own cache
+    assert cache["memory_reduction_fp16"] == pytest.approx(1 - 9 / 16)
     assert cache["caches"] == 1 and cache["kept_fraction"] == pytest.approx(1.0)
 
 
@@ -264,7 +265,8 @@ def test_export_run_import_round_trip_into_store_and_leaderboard(tmp_path, capsy
     assert all("perplexity,none" in json.loads(m) for m in cont["lmeval_metrics"])
     int8 = store[store["strategy_name"] == "int8"]
     assert set(store["strategy"]) == {"full", "int8(axis=token,group_size=16)"}
-    assert int8["memory_reduction"].tolist() == pytest.approx([1 - 9 / 16] * len(int8))
+    assert int8["memory_reduction"].tolist() == pytest.approx([1 - 9 / 32] * len(int8))  # the float32 model's own
+    assert int8["memory_reduction_fp16"].tolist() == pytest.approx([1 - 9 / 16] * len(int8))
     assert (store["spec_version"] == SPEC_VERSION).all()
     assert store["kl"].isna().all() and store["decode_ms_per_token"].isna().all()
     assert (store["model"] == "tiny-llama").all() and (store["source"] == "lm-eval").all()

@@ -102,3 +102,17 @@ def test_one_name_for_two_checkpoints_is_refused() -> None:
     check_comparable(same)
     with pytest.raises(KVBenchError, match=r"model model names checkpoints with different model_digest"):
         check_comparable(same.assign(model_digest=["a" * 64, "b" * 64]))
+
+
+def test_gguf_conversion_without_accelerate_is_one_line(tmp_path, monkeypatch) -> None:
+    """transformers' GGUF loader needs accelerate: without it, one line naming the install, not a traceback."""
+    import importlib.util
+
+    from kvbench import models
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
+    monkeypatch.setattr(models, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(models, "embedded_gguf_dir", lambda: tmp_path)
+    with pytest.raises(KVBenchError, match=r"needs accelerate, which is not installed in .*pip install accelerate"):
+        models.converted_smollm2_dir()

@@ -8,7 +8,6 @@ import itertools
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import given, settings
@@ -151,12 +150,46 @@ def test_pareto_rows_per_setting(board_both):
     assert titles == ["all tasks (pooled) — query-aware", "all tasks (pooled) — query-agnostic"]
 
 
-def test_dodge_spreads_equal_x_in_y_order():
-    x = [50.0, 50.0, 50.0, 20.0, float("nan")]
-    y = [-10.0, 0.0, -5.0, 3.0, 1.0]
-    out = plots.dodge(x, y, width=1.0)
-    assert out[3] == 20.0 and np.isnan(out[4])
-    assert list(out[[1, 2, 0]]) == [49.0, 50.0, 51.0]  # best accuracy leftmost, centred on the true x
+def test_points_sit_at_their_exact_memory_saved(board):
+    """Strategies at one memory level share a vertical line: no point is shifted sideways on the x axis."""
+    summary = board.summary
+    twin = summary[summary["strategy"].str.startswith("int8")].assign(strategy="int8_twin")
+    with_twin = pd.concat([summary, twin], ignore_index=True)
+    fig = plots.pareto_figure(with_twin)
+    ax = fig.axes[0]
+    rows = with_twin[(with_twin["task"] == "all") & (with_twin["family"] != "tiered")]
+    exact = {round(100 * float(v), 9) for v in rows["memory_reduction"]}
+    xs = [round(float(x), 9) for line in ax.get_lines() if line.get_marker() not in (None, "None", "")
+          for x in line.get_xdata()]
+    assert xs and set(xs) <= exact
+    assert "spread sideways" not in fig.get_suptitle()
+
+
+def _inside(inner, outer) -> bool:
+    return outer.x0 - 0.5 <= inner.x0 and inner.x1 <= outer.x1 + 0.5 and outer.y0 - 0.5 <= inner.y0 \
+        and inner.y1 <= outer.y1 + 0.5
+
+
+def test_pareto_legend_lies_inside_the_figure(board_both):
+    """Every family the committed leaderboard has (eight legend keys with the front) on the large, pooled figure
+    and on the paper-sized per-task one: the legend box lies inside the figure's bounds, none of it clipped."""
+    summary = board_both.summary
+    extra = [summary[summary["strategy"] == "full"].assign(strategy=f"x_{fam}", family=fam, memory_reduction=0.6)
+             for fam in ("composite", "recompute", "reference", "tiered")]
+    summary = pd.concat([summary, *extra], ignore_index=True)
+    for fig in (plots.pareto_figure(summary), plots.pareto_figure(summary, scopes=board_both.tasks)):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        (legend,) = fig.legends
+        assert len(legend.get_texts()) == 8
+        assert _inside(legend.get_window_extent(renderer), fig.bbox)
+
+
+def test_pareto_names_the_pooled_scope(board_both):
+    pooled = {"query-aware": "alpha, beta pooled at 128 tokens", "query-agnostic": "alpha pooled at 64 tokens"}
+    fig = plots.pareto_figure(board_both.summary, pooled=pooled)
+    titles = [ax.get_title() for ax in fig.axes if ax.get_visible() and "pooled" in ax.get_title()]
+    assert titles == ["alpha, beta pooled at 128 tokens — query-aware", "alpha pooled at 64 tokens — query-agnostic"]
 
 
 @settings(max_examples=15, deadline=None)
@@ -291,3 +324,46 @@ def test_length_bins_group_many_lengths():
     bins = plots._length_bins(list(range(1000, 1020)), max_bins=4)
     assert len(set(bins.values())) <= 4 and bins[1000] != bins[1019]
     assert plots._length_bins([512, 1024]) == {512: "512", 1024: "1,024"}
+
+
+def test_depth_bins_group_many_depths_and_keep_few_exact():
+    assert plots.depth_bins([0.0, 0.5, 1.0]) == {0.0: "0.00", 0.5: "0.50", 1.0: "1.00"}
+    many = [i / 97 for i in range(98)]
+    bins = plots.depth_bins(many)
+    assert len(set(bins.values())) == plots.DEPTH_BINS
+    assert bins[0.0] == "0.0–0.1" and bins[1.0] == "0.9–1.0" and plots.depth_bins([*many, 0.3])[0.3] == "0.3–0.4"
+
+
+def test_needle_maps_bin_depths_with_n_per_cell(board_both):
+    """A task whose needle depth differs per sample (the committed stores: ~100 distinct depths) draws at most
+    DEPTH_BINS rows, each cell with the number of samples it holds, and the figure stays a page's size."""
+    recs = board_both.records
+    alpha = recs[recs["task"] == "alpha"].copy()
+    # Spread the fixture's samples over 60 distinct depths each (copies of each sample at new depths).
+    copies = []
+    for k in range(20):
+        copy = alpha.assign(depth=(alpha["depth"] * 0.5 + k / 40).round(3), sample_id=alpha["sample_id"] + f"#{k}")
+        copies.append(copy)
+    spread = pd.concat(copies, ignore_index=True)
+    assert spread["depth"].nunique() > plots.DEPTH_BINS
+    picks = plots.informative_strategies(spread, "alpha")
+    for fig in (plots.needle_figure(spread, picks, "alpha"), plots.needle_map_figure(spread, picks, "alpha")):
+        panels = [ax for ax in fig.axes if ax.get_title()]
+        assert all(len(ax.get_yticks()) <= plots.DEPTH_BINS for ax in panels)
+        per_panel = [sum(int(t.get_text().rsplit("n=", 1)[1]) for t in ax.texts) for ax in panels]
+        n_setting = spread[spread["strategy"] == "full"].groupby("setting")["sample_id"].nunique()
+        assert sorted(set(per_panel)) == sorted(set(n_setting))  # every sample in exactly one cell
+        width, height = fig.get_size_inches() * fig.dpi
+        assert max(width, height) <= 3000
+
+
+#: The committed figures: every PNG a results directory holds (the leaderboard's and the headline's).
+COMMITTED = sorted((Path(__file__).resolve().parents[1] / "results").glob("**/plots/*.png"))
+
+
+@pytest.mark.parametrize("png", COMMITTED, ids=[str(p.relative_to(p.parents[2])) for p in COMMITTED])
+def test_committed_figures_fit_a_page(png):
+    """At most 3,000 px on each side (a needle map drew one row per distinct depth: 798 × 29,157 px)."""
+    from PIL import Image
+
+    assert max(Image.open(png).size) <= 3000

@@ -13,6 +13,7 @@ import pandas as pd
 from kvbench.claims.figures import (
     Pick,
     largest_reduction,
+    pooled_members,
     pooled_scopes,
     scope_picks,
     scope_records,
@@ -39,6 +40,7 @@ class SettingCheck:
     scenarios: list[ScenarioResult]
     secondary: dict[str, dict[str, list[Comparison]]] = field(default_factory=dict)  # scope -> member -> endpoints
     ties: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)  # scope -> ties of the two best
+    pooled: dict[str, str] = field(default_factory=dict)  # pooled scope -> the tasks it pools and leaves out
 
 
 @dataclass
@@ -99,5 +101,6 @@ def check_claims(summary: pd.DataFrame, meta: Mapping[str, str] | None = None,
             ties={s: (ties_of(largest_reduction([p for p in found[s] if p.within_pp()]), found[s]),
                       ties_of(largest_reduction([p for p in found[s] if p.within_relative()]), found[s]))
                   for s in scopes},
+            pooled={s: pooled_members(records, s, setting) for s in pooled if have_records},
         ))
     return ClaimCheck(meta=dict(meta or {}), settings=out, design=design)

@@ -193,6 +193,21 @@ def pooled_scopes(records: pd.DataFrame | None, setting: str | None) -> list[str
     return [f"{OVERALL}@{int(t)}" for t, k in per_length.items() if k >= 2]
 
 
+def pooled_members(records: pd.DataFrame | None, scope: str, setting: str | None) -> str:
+    """What a pooled ``all@<tokens>`` scope pools and leaves out: ``legal, papers; not pooled: fiction (2,048
+    tokens)``; empty for a task or without records."""
+    inside = scope_records(records, scope, setting) if scope.startswith(f"{OVERALL}@") else None
+    if inside is None or inside.empty:
+        return ""
+    df = records if setting is None else records[settings(records) == setting]
+    tasks = sorted(set(inside["task"].astype(str)))
+    out = []
+    for task in sorted(set(df["task"].astype(str)) - set(tasks)):
+        lengths = sorted({int(v) for v in df.loc[df["task"].astype(str) == task, "context_tokens"].dropna()})
+        out.append(f"{task} ({', '.join(f'{v:,}' for v in lengths)} tokens)")
+    return ", ".join(tasks) + (f"; not pooled: {', '.join(out)}" if out else "")
+
+
 def scope_picks(summary: pd.DataFrame, records: pd.DataFrame | None, scope: str,
                 setting: str | None) -> list[Pick]:
     """:func:`picks` for a task; for a pooled ``all@<tokens>`` scope, picks built from its records (memory

@@ -151,6 +151,8 @@ def _render_setting(check: SettingCheck, several: bool, sequential: bool = False
     lines = []
     if several or check.setting != QUERY_AWARE:
         lines += [f"## Setting: {check.setting}", "", SETTING_SENTENCE.get(check.setting, check.setting) + ".", ""]
+    lines += [f"Pooled scope *{_scope_name(s)}*: {text}." for s, text in check.pooled.items() if text]
+    lines += [""] if any(check.pooled.values()) else []
     lines += [f"{h2} Largest memory reduction within the accuracy bound (point estimates, exploratory)", "",
               "| scope | within 1 point | reduction | Δ accuracy | within 1% relative | reduction | Δ accuracy |",
               "|---|---|---:|---|---|---:|---|"]

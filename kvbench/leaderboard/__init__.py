@@ -42,6 +42,7 @@ from kvbench.leaderboard.render import (
     TASK_METRICS,
     Column,
     answer_sentence,
+    answer_shown,
     baseline_line,
     display_columns,
     fmt_value,
@@ -54,6 +55,7 @@ from kvbench.leaderboard.render import (
     task_columns,
 )
 from kvbench.leaderboard.table import (
+    BASELINE_FLOOR,
     BEYOND,
     CSV_TASK_COLUMNS,
     DEFAULT_SORT,
@@ -71,6 +73,7 @@ from kvbench.leaderboard.table import (
     VERDICT_ORDER,
     WITHIN,
     Leaderboard,
+    PooledScope,
     build,
     claim_verdicts,
     margin_pp,
@@ -143,7 +146,8 @@ def _write_from_args(args: argparse.Namespace) -> list[Path]:
     if args.plots or args.plots_only:
         from kvbench.plots import write_all
 
-        paths += write_all(lb.records, lb.summary, out_dir / "plots", needle_strategies=args.needle_strategy)
+        paths += write_all(lb.records, lb.summary, out_dir / "plots", needle_strategies=args.needle_strategy,
+                           pooled={s: lb.pooled_scope(s).text() for s in lb.settings})
     return paths
 
 
@@ -153,10 +157,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = [
-    "BEYOND", "CSV_FLOAT_FORMAT", "CSV_TASK_COLUMNS", "DEFAULT_SORT", "HIGHER_IS_BETTER", "LATENCY_METRICS",
+    "BASELINE_FLOOR", "BEYOND", "CSV_FLOAT_FORMAT", "CSV_TASK_COLUMNS", "DEFAULT_SORT", "HIGHER_IS_BETTER",
+    "LATENCY_METRICS",
     "NOT_POOLED", "OFFLOADING", "OVERALL", "OVERALL_COLUMNS", "RANKED", "RANK_COLUMNS", "REFERENCE", "ROW_COLUMNS",
     "TASK_METRICS", "TEST_COLUMNS", "UNDECIDED_IN", "UNDECIDED_OUT", "VERDICT_ORDER", "WITHIN", "Column", "Filters",
-    "Leaderboard", "answer_sentence", "baseline_line", "build", "build_parser", "claim_verdicts", "display_columns",
+    "Leaderboard", "PooledScope", "answer_sentence", "answer_shown", "baseline_line",
+    "build", "build_parser", "claim_verdicts", "display_columns",
     "fmt_value", "inline_markdown", "main", "main_columns", "margin_pp", "overall_summary", "paired_records",
     "read_records", "render_claim_check", "render_csv", "render_html", "render_markdown", "sort_leaderboard",
     "task_columns", "write",

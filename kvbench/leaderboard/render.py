@@ -19,6 +19,7 @@ import pandas as pd
 from kvbench import claims, fmt
 from kvbench.claims import check_claims, render_claims
 from kvbench.leaderboard.table import (
+    BASELINE_FLOOR,
     BEYOND,
     OFFLOADING,
     RANKED,
@@ -27,8 +28,10 @@ from kvbench.leaderboard.table import (
     UNDECIDED_OUT,
     WITHIN,
     Leaderboard,
+    baseline_accuracy,
     margin_pp,
     shown_interval,
+    task_lengths,
 )
 from kvbench.record import HIGHER_IS_BETTER
 from kvbench.vocab import BASELINE, OVERALL, SETTING_TEXT
@@ -45,6 +48,9 @@ LATENCY_METRICS: tuple[tuple[str, str, str], ...] = (
     ("bytes_per_token", "KV B/tok", "bytes"),
     ("decode_ms_per_token", "decode ms/tok", "ms"),
 )
+#: Per-task columns that count memory saved or held: an offloading row shows none there (its figure is device
+#: memory, in its own table), so no column mixes bytes saved with bytes moved off the device.
+MEMORY_COLUMNS = ("memory_reduction", "bytes_per_token")
 #: Number formats of :func:`fmt_value` per kind of figure.
 _SPECS = {"bytes": ",.1f", "s": ".3f", "ms": ".2f", "acc": ".3f"}
 CSV_FLOAT_FORMAT = "%.6g"
@@ -132,7 +138,8 @@ def task_columns(lb: Leaderboard, part: pd.DataFrame,
             if key not in part.columns:
                 continue
             cells = ([_delta_cell(r, task) for r in rows] if kind == "delta"
-                     else [fmt_value(r[key], kind) for r in rows])
+                     else [fmt.MISSING if col in MEMORY_COLUMNS and r["section"] == OFFLOADING
+                           else fmt_value(r[key], kind) for r in rows])
             cols.append(Column(f"{task}: {header}", key, cells))
     return cols
 
@@ -152,14 +159,16 @@ def _header_lines(lb: Leaderboard, style: type = fmt.Markdown) -> list[str]:
         f"{t(m['hardware'])}, dtype {t(m['dtype'])}; {t(m['records'])} records; tasks: {t(', '.join(lb.tasks))}; "
         f"filters: {t(m['filters'])}.",
         f"Memory saved: 1 − KV bytes held / dense 16-bit bytes (spec §1). Δ acc.: strategy − {c(BASELINE)} "
-        f"accuracy in percentage points on identical samples, pooled over every task at one context length, with "
-        f"the paired 95% interval clustered by source document (spec v1.2 §2.2; per-task columns: per-question "
-        f"intervals{method}, exploratory). Verdict: non-inferiority at that interval against the "
-        f"{margin_pp():g}-point margin — {t(WITHIN)} (the whole interval above −{margin_pp():g}), "
-        f"undetermined (the interval holds both; split by where Δ lies), {t(BEYOND)} (the whole interval at or "
-        f"below −{margin_pp():g}), Holm-adjusted over the strategies ranked in the setting (spec §2.3). Rows are "
-        "sorted by the verdict, then memory saved; rows equal in all of these are ties (=). n: questions / "
-        "distinct documents behind the pooled Δ.",
+        f"accuracy in percentage points on identical samples, pooled over the tasks measured at one context length "
+        f"(each table's heading names them, and the tasks left out), with the paired 95% interval clustered by "
+        f"source document (spec v1.2 §2.2; per-task columns: per-question intervals{method}, exploratory). "
+        f"Verdict (spec §2.3, the claim check's words): non-inferiority at that interval against the "
+        f"{margin_pp():g}-point margin, Holm-adjusted over the strategies ranked in the setting — {t(WITHIN)} (the "
+        f"whole interval above −{margin_pp():g}), {t(UNDECIDED_IN)} / {t(UNDECIDED_OUT)} (the interval holds both; "
+        f"split by where Δ lies), {t(BEYOND)} (the whole interval at or below −{margin_pp():g}). Rows are sorted "
+        f"by the verdict, then memory saved (rows that fail by Δ, the smallest loss first); rows equal in all of "
+        f"these are ties (=). n: questions / distinct documents behind the pooled Δ. No answer is named where "
+        f"{c(BASELINE)}'s own accuracy on the pooled tasks has a 95% interval reaching below {BASELINE_FLOOR:g}.",
     ] + ([f"{style.bold('Group-sequential')} (spec v1.2 §2.5): every figure is {style.bold('look ' + t(m['look']))} "
           f"of {t(m['n_looks'])} ({t(m['look_contexts'])} contexts of every task); verdicts are taken at the "
           f"design's looks against their nominal levels, not at 0.025 ({t(m['design'])})"
@@ -200,19 +209,35 @@ def _setting_rows(lb: Leaderboard, setting: str, section: str | tuple[str, ...])
     return part
 
 
+def answer_shown(lb: Leaderboard, setting: str) -> bool:
+    """Whether ``setting`` gets an answer: ``full``'s accuracy on the pooled tasks is at least
+    :data:`BASELINE_FLOOR` at the lower end of its 95% interval (unknown counts as shown: there is no pooled
+    baseline to judge, and no row is ranked)."""
+    _, low, _, _ = baseline_accuracy(lb.summary, setting)
+    return fmt.is_missing(low) or low >= BASELINE_FLOOR
+
+
 def answer_sentence(lb: Leaderboard, setting: str, style: type = fmt.Markdown) -> str:
     """One sentence answering "which strategy saves the most memory within the margin?" in ``setting``,
-    generated from the verdicts (:func:`claim_verdicts`) of the ranked rows; the answer is the first row."""
+    generated from the verdicts (:func:`claim_verdicts`) of the ranked rows; the answer is the first row.
+    Where ``full`` itself is below :data:`BASELINE_FLOOR`, a plain sentence says so instead of an answer."""
     ranked = _setting_rows(lb, setting, RANKED)
     ranked = ranked[ranked["rank"].notna()].sort_values(["rank", "strategy"], kind="mergesort")
     c, margin = style.code, f"{margin_pp():g} point"
     if ranked.empty:
         return "No strategy that saves bytes was measured on every task in this setting, so none is ranked."
+    if not answer_shown(lb, setting):
+        accuracy, low, high, n = baseline_accuracy(lb.summary, setting)
+        return (f"No answer: {c(BASELINE)} itself scores {fmt_value(accuracy, 'acc')} [{fmt_value(low, 'acc')}, "
+                f"{fmt_value(high, 'acc')}] (n = {n}) on the pooled tasks "
+                f"({style.text(lb.pooled_scope(setting).text())}); below a lower end of {BASELINE_FLOOR:g}, ten "
+                "times the margin, this page names none — a strategy cannot lose what the baseline never had, so Δ "
+                "against it says nothing about what compression keeps. The rows below are ordered as usual.")
     top = ranked.iloc[0]
     tied = ranked[ranked["rank"] == top["rank"]]
     names = " and ".join(c(label) for label in tied["label"])
     figures = (f"{fmt.pct(top[f'{OVERALL}.memory_reduction'])} less KV memory, Δ "
-               f"{_delta_cell(top, OVERALL)} pp, n = {_n_cell(top)}")
+               f"{_delta_cell(top, OVERALL)} pp, n = {_n_cell(top)}, {style.text(lb.pooled_scope(setting).included())}")
     who = f"{names} ({'tied, ' if len(tied) > 1 else ''}{figures})"
     verdict = top[f"{OVERALL}.verdict"]
     if verdict == WITHIN:
@@ -260,23 +285,49 @@ def _prefill_line(lb: Leaderboard, setting: str, style: type = fmt.Markdown) -> 
             f"({style.code('ttft_s')}, per sample) are in leaderboard.csv and the latency plot.")
 
 
-def _sections(lb: Leaderboard, setting: str) -> list[tuple[str, str, list[Column], str]]:
-    """(anchor, title, columns, note) of every table in one setting, in page order."""
+def _sections(lb: Leaderboard, setting: str) -> list[tuple[str, str, str, list[Column], str]]:
+    """(anchor, title, context lengths, columns, note) of every table in one setting, in page order."""
     out = []
+    pooled = lb.pooled_scope(setting).text()
     main = _setting_rows(lb, setting, (RANKED, REFERENCE))
-    out.append((f"{setting}", "", main_columns(main), ""))
+    out.append((f"{setting}", "Ranked", pooled, main_columns(main), ""))
     moved = _setting_rows(lb, setting, OFFLOADING)
     if not moved.empty:
-        out.append((f"{setting}-offloading", "Offloading: device memory, not bytes saved",
+        out.append((f"{setting}-offloading", "Offloading: device memory, not bytes saved", pooled,
                     main_columns(moved, memory="device memory saved"),
                     "These strategies move cold KV entries to host RAM or disk instead of dropping or shrinking them: "
                     "their figure is the share of the cache kept off the device, not bytes saved, so they are "
-                    "never ranked with the strategies above (their verdicts read the same way)."))
+                    "never ranked with the strategies above, and never shown in a memory column (their verdicts "
+                    "read the same way)."))
+    recs = lb.records[lb.records["setting"] == setting]
+    lengths = "context tokens: " + "; ".join(f"{t} {task_lengths(recs, t)}" for t in lb.tasks)
     everything = _setting_rows(lb, setting, (RANKED, OFFLOADING, REFERENCE))
-    out.append((f"{setting}-tasks", "Per task", task_columns(lb, everything), ""))
-    out.append((f"{setting}-latency", "Memory and latency per task",
-                task_columns(lb, everything, LATENCY_METRICS), "prefill"))
+    left_out = "offloading" if not moved.empty else ""
+    out.append((f"{setting}-tasks", "Per task", lengths, task_columns(lb, everything), left_out))
+    out.append((f"{setting}-latency", "Memory and latency per task", lengths,
+                task_columns(lb, everything, LATENCY_METRICS), f"prefill {left_out}".strip()))
     return out
+
+
+def _heading(title: str, sub: str, lengths: str) -> str:
+    """``Query-aware: per task (context tokens: fiction 2,048; legal 4,096)`` — plain text, escaped by the caller."""
+    return f"{title}: {sub[:1].lower()}{sub[1:]} ({lengths})"
+
+
+def _note(lb: Leaderboard, setting: str, note: str, style: type = fmt.Markdown) -> str:
+    """A table's note: the markers ``prefill`` (the shared prefill line) and ``offloading`` (why its memory cells
+    are empty) expand here; any other note is plain text, escaped."""
+    words = note.split()
+    if not words or not set(words) <= {"prefill", "offloading"}:
+        return style.text(note) if note else ""
+    parts = []
+    if "prefill" in words:
+        parts.append(_prefill_line(lb, setting, style))
+    if "offloading" in words:
+        names = ", ".join(style.code(x) for x in _setting_rows(lb, setting, OFFLOADING)["label"])
+        parts.append(f"Offloading ({names}) is left out of the memory columns (–): what it keeps off the device is "
+                     "not bytes saved; its device figure is in its own table above and in leaderboard.csv.")
+    return " ".join(p for p in parts if p)
 
 
 def _title(setting: str) -> tuple[str, str]:
@@ -295,12 +346,9 @@ def render_markdown(lb: Leaderboard) -> str:
         lines += [f"## {title}", "", f"{fmt.md_text(explain)}.", "", answer_sentence(lb, setting), ""]
         if base := baseline_line(lb, setting):
             lines += [base, ""]
-        for _, sub, cols, note in _sections(lb, setting):
-            if sub:
-                lines += [f"### {title}: {sub.lower()}", ""]
-            if note == "prefill":
-                note = _prefill_line(lb, setting)
-            if note:
+        for _, sub, lengths, cols, note in _sections(lb, setting):
+            lines += [f"### {fmt.md_text(_heading(title, sub, lengths))}", ""]
+            if note := _note(lb, setting, note):
                 lines += [note, ""]
             lines += [*_md_table(cols), ""]
     return "\n".join(lines)
@@ -377,12 +425,15 @@ def _html_table(lb: Leaderboard, part: pd.DataFrame, cols: list[Column], table_i
     body = []
     rows = part.to_dict("records")
     answer = next((i for i, r in enumerate(rows) if r["section"] == RANKED and r["rank"] == 1), None)
+    if rows and not answer_shown(lb, str(rows[0]["setting"])):
+        answer = None  # full below the floor: no row is the answer
     for i, row in enumerate(rows):
         cells = []
         for c in cols:
             raw = row.get(c.key)
             numeric = isinstance(raw, (numbers.Number, np.number)) and not isinstance(raw, (bool, np.bool_))
-            value = "" if _isnan(raw) else (format(float(raw), ".6g") if numeric else str(raw))
+            shown = c.cells[i] != fmt.MISSING  # a cell left blank on purpose sorts as missing too
+            value = "" if _isnan(raw) or not shown else (format(float(raw), ".6g") if numeric else str(raw))
             cls = ' class="num"' if c.numeric else ""
             cells.append(f'<td{cls} data-v="{esc(value)}">{esc(c.cells[i])}</td>')
         kind = ' class="reference"' if row["section"] == REFERENCE else (
@@ -399,21 +450,18 @@ def _html_setting(lb: Leaderboard, setting: str) -> str:
     esc, h = html.escape, fmt.Html
     title, explain = _title(setting)
     sections = _sections(lb, setting)
-    links = " · ".join(f'<a href="#{esc(a)}">{esc(sub.lower())}</a>' for a, sub, _, _ in sections if sub)
+    links = " · ".join(f'<a href="#{esc(a)}">{esc(sub.lower())}</a>' for a, sub, _, _, _ in sections if a != setting)
+    answer = ' class="answer"' if answer_shown(lb, setting) else ""
     out = [f'<h2 id="{esc(setting)}">{esc(title)}</h2>', f"<p>{esc(explain)}.</p>",
-           f'<p class="answer">{answer_sentence(lb, setting, h)}</p>']
+           f'<p{answer}>{answer_sentence(lb, setting, h)}</p>']
     if base := baseline_line(lb, setting, h):
         out.append(f"<p>{base}</p>")
     out.append(f"<nav>Detail: {links}; every figure: leaderboard.csv</nav>")
     sections_with = {RANKED: (RANKED, REFERENCE)}
-    for anchor, sub, cols, note in sections:
-        if sub:
-            out.append(f'<h3 id="{esc(anchor)}">{esc(title)}: {esc(sub.lower())}</h3>')
-        if note == "prefill":
-            note = _prefill_line(lb, setting, h)
-        elif note:
-            note = esc(note)
-        if note:
+    for anchor, sub, lengths, cols, note in sections:
+        ident = f' id="{esc(anchor)}"' if anchor != setting else ""  # the h2 holds the setting's own anchor
+        out.append(f"<h3{ident}>{esc(_heading(title, sub, lengths))}</h3>")
+        if note := _note(lb, setting, note, h):
             out.append(f"<p>{note}</p>")
         which = {f"{setting}": sections_with[RANKED], f"{setting}-offloading": (OFFLOADING,)}.get(
             anchor, (RANKED, OFFLOADING, REFERENCE))

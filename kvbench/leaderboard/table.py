@@ -43,12 +43,17 @@ DEFAULT_SORT = "rank"
 
 # ------------------------------------------------------------------ verdicts: the one coupling to the claim check
 
-#: Verdicts of a strategy's pooled Δ against the spec's accuracy margin, best first. They are the claim
-#: check's three (kvbench.claims: holds / undetermined at this n / fails) with "undetermined" split by where
-#: the point estimate lies, which is how the claim check picks among undetermined strategies.
+#: Verdicts of a strategy's pooled Δ against the spec's accuracy margin, best first: the spec's (§2.3) and the
+#: claim check's three words (holds / undetermined / fails), with "undetermined" split by where the point estimate
+#: lies, which is how the claim check picks among undetermined strategies.
 WITHIN, UNDECIDED_IN, UNDECIDED_OUT, BEYOND, NOT_POOLED = (
-    "within margin", "undetermined, Δ within", "undetermined, Δ beyond", "beyond margin", "not on every task")
+    paired.HOLDS, f"undetermined, Δ above −{claims.LOSS_PP:g}", f"undetermined, Δ at or below −{claims.LOSS_PP:g}",
+    paired.FAILS, "not on every task")
 VERDICT_ORDER = {WITHIN: 0, UNDECIDED_IN: 1, UNDECIDED_OUT: 2, BEYOND: 3, NOT_POOLED: 4}
+#: The page names an answer only where ``full``'s accuracy on the pooled tasks is at least this at the lower end of
+#: its 95% interval — ten times the 1-point margin: a strategy cannot lose what the baseline never had, so below it
+#: "within 1 point of full" says nothing about what compression keeps (a model scoring 0/2; 1/2 cannot state it).
+BASELINE_FLOOR = 0.1
 
 
 def margin_pp() -> float:
@@ -111,6 +116,62 @@ def at_pooled_length(records: pd.DataFrame) -> pd.DataFrame:
     return records[records["context_tokens"] == max(per_length.index, key=lambda t: (per_length[t], t))]
 
 
+@dataclass(frozen=True)
+class PooledScope:
+    """What a setting's pooled (``all``) columns pool: the tasks measured at one context length, and the tasks
+    left out because they ran at another (spec v1.2 §2.3 never pools across lengths)."""
+
+    tokens: int | None  # None: no context length recorded
+    tasks: tuple[str, ...]
+    left_out: tuple[tuple[str, str], ...] = ()  # (task, its length(s) as text)
+
+    def included(self) -> str:
+        """``legal, papers pooled at 4,096 tokens``."""
+        at = f" at {self.tokens:,} tokens" if self.tokens is not None else ""
+        return f"{', '.join(self.tasks)} pooled{at}"
+
+    def text(self) -> str:
+        """``legal, papers pooled at 4,096 tokens; not pooled: fiction at 2,048 tokens``."""
+        if not self.left_out:
+            return self.included()
+        return f"{self.included()}; not pooled: " + ", ".join(f"{t} at {n} tokens" for t, n in self.left_out)
+
+
+def _lengths_text(lengths: Any) -> str:
+    uniq = sorted({int(v) for v in lengths if not fmt.is_missing(v)})
+    if not uniq:
+        return "?"
+    return f"{uniq[0]:,}" if len(uniq) == 1 else f"{uniq[0]:,}–{uniq[-1]:,}"
+
+
+def pooled_scope(records: pd.DataFrame) -> PooledScope:
+    """The scope of the pooled columns over ``records`` (one setting's): :func:`at_pooled_length`'s tasks."""
+    tasks = sorted(records["task"].astype(str).unique()) if not records.empty else []
+    if "context_tokens" not in records or not records["context_tokens"].notna().any():
+        return PooledScope(None, tuple(tasks))
+    pooled = at_pooled_length(records)
+    inside = sorted(pooled["task"].astype(str).unique())
+    left = tuple((t, _lengths_text(records.loc[records["task"].astype(str) == t, "context_tokens"]))
+                 for t in tasks if t not in inside)
+    return PooledScope(int(pooled["context_tokens"].iloc[0]), tuple(inside), left)
+
+
+def task_lengths(records: pd.DataFrame, task: str) -> str:
+    """The context length(s) ``task`` was measured at, as text (``2,048`` or ``1,990–2,048``)."""
+    if "context_tokens" not in records:
+        return "?"
+    return _lengths_text(records.loc[records["task"].astype(str) == task, "context_tokens"])
+
+
+def baseline_accuracy(summary: pd.DataFrame, setting: str) -> tuple[float, float, float, int]:
+    """``full``'s pooled accuracy, its 95% interval and n in ``setting`` (NaNs and 0 when nothing is pooled)."""
+    rows = summary[(summary["setting"] == setting) & (summary["task"] == OVERALL) & (summary["strategy"] == BASELINE)]
+    cols = ("accuracy", "accuracy_ci_low", "accuracy_ci_high")
+    if rows.empty or any(c not in rows for c in cols):
+        return float("nan"), float("nan"), float("nan"), 0
+    return (*(float(rows[c].iloc[0]) for c in cols), int(rows["n"].iloc[0]))
+
+
 def _offloading(family: Any) -> bool:
     return str(family) in OFFLOADING_FAMILIES
 
@@ -146,9 +207,10 @@ def _add_verdicts(table: pd.DataFrame, summary: pd.DataFrame, records: pd.DataFr
                   design: sequential.Design | None = None) -> pd.DataFrame:
     """Section, verdict, documents and rank columns: rank 1 is the most memory saved among the best verdict.
 
-    Rows equal on everything the order looks at (verdict, memory saved as shown, Δ and its interval —
-    e.g. identical score vectors at one memory level) share a rank, shown as a tie, instead of being
-    ranked by name.
+    Within a verdict that may still answer the question (holds, undetermined) rows rank by memory saved; among
+    those that fail, which answer it for none, by Δ (the smallest loss first), then memory saved. Rows equal on
+    everything the order looks at (verdict, memory saved as shown, Δ and its interval — e.g. identical score
+    vectors at one memory level) share a rank, shown as a tie, instead of being ranked by name.
     """
     table = table.copy()
     table["section"] = [_section(s, f) for s, f in zip(table["strategy"], table["family"], strict=True)]
@@ -180,14 +242,21 @@ def _add_verdicts(table: pd.DataFrame, summary: pd.DataFrame, records: pd.DataFr
     for setting in set(table["setting"]):
         part = table[(table["setting"] == setting) & (table["section"] == RANKED)
                      & (table[f"{OVERALL}.verdict"] != NOT_POOLED)]
-        keys = {i: (row["verdict_order"], -round(float(row[f"{OVERALL}.memory_reduction"]), 3),
-                    *(-shown_interval(row, OVERALL)[k] for k in range(3))) for i, row in part.iterrows()}
+        keys = {i: _rank_key(row) for i, row in part.iterrows()}
         order = sorted(keys, key=lambda i: (keys[i], table.at[i, "strategy"]))
         for i in order:
             first = next(j for j in order if keys[j] == keys[i])  # competition ranking: ties share a rank
             table.at[i, "rank"] = order.index(first) + 1
             table.at[i, "tie"] = sum(keys[j] == keys[i] for j in order) > 1
     return table
+
+
+def _rank_key(row: Mapping[str, Any]) -> tuple[float, ...]:
+    memory = -round(float(row[f"{OVERALL}.memory_reduction"]), 3)
+    delta, low, high = (-v for v in shown_interval(row, OVERALL))
+    if row[f"{OVERALL}.verdict"] == BEYOND:
+        return row["verdict_order"], delta, memory, low, high
+    return row["verdict_order"], memory, delta, low, high
 
 
 def overall_summary(records: pd.DataFrame, tasks: Sequence[str]) -> pd.DataFrame:
@@ -230,6 +299,10 @@ class Leaderboard:
     def settings(self) -> list[str]:
         """The query settings present, query-aware first."""
         return ordered_settings(self.table["setting"]) if "setting" in self.table else []
+
+    def pooled_scope(self, setting: str) -> PooledScope:
+        """What the pooled columns of ``setting`` pool (and leave out)."""
+        return pooled_scope(self.records[self.records["setting"] == setting])
 
 
 def _params_text(value: Any) -> str:

@@ -163,7 +163,9 @@ def lmeval_records(results_path: str | Path, per_sample: bool = True) -> list[di
             base.update({
                 "kv_bytes": cache.get("kv_bytes_mean", math.nan),
                 "kv_bytes_fp16": cache.get("kv_bytes_fp16_mean", math.nan),
+                "kv_bytes_dense": cache.get("kv_bytes_dense_mean", math.nan),
                 "memory_reduction": cache.get("memory_reduction", math.nan),
+                "memory_reduction_fp16": cache.get("memory_reduction_fp16", math.nan),
                 "bytes_per_token": cache.get("bytes_per_token", math.nan),
                 "kept_fraction": cache.get("kept_fraction", math.nan),
                 "context_tokens": cache.get("context_tokens_mean", math.nan),
