@@ -551,9 +551,10 @@ def read_store(results_dir: str | Path) -> pd.DataFrame:
 
 #: Fields whose values are fractions: closed [0, 1] ranges.
 UNIT_FIELDS = ("score", "top1_agreement", "gold_token_accuracy", "kept_fraction")
-#: ``memory_reduction`` is below 1 (a cache of no bytes saves nothing to measure) but may be negative: a
-#: float32 cache is twice its 16-bit reference (-1).
-BELOW_ONE_FIELDS = ("memory_reduction",)
+#: Reductions (``memory_reduction``, ``memory_reduction_fp16``, any field named ``memory_reduction*``) are below 1
+#: (a cache of no bytes saves nothing to measure) but may be negative: a float32 cache is twice its 16-bit
+#: reference (-1).
+BELOW_ONE_PREFIX = "memory_reduction"
 #: Text that is the model's or the task's own (a prediction may hold a newline): kept as read; every other text
 #: value is a name or an identifier and loses its control characters.
 FREE_TEXT_FIELDS = ("prediction", "answers", "sample_meta", "params", "stats")
@@ -625,7 +626,7 @@ def check_values(df: pd.DataFrame, source: str) -> pd.DataFrame:
                 bad(name, values.isna(), "a number (every record has one)")
             if name in UNIT_FIELDS:
                 bad(name, (values < 0) | (values > 1), "a fraction in [0, 1]")
-            elif name in BELOW_ONE_FIELDS:
+            elif name.startswith(BELOW_ONE_PREFIX):
                 bad(name, values >= 1, "a fraction below 1")
             else:
                 bad(name, values < 0, "a non-negative number")
