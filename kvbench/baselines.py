@@ -13,13 +13,16 @@ and its record must agree with its own tensor and prediction (gold NLL and gold-
 from the log-probs, the score recomputed from the prediction with the task metric, the answers and metric
 those of the sample). Anything else is ignored with one line and recomputed. Every record of a sample whose
 baseline was reused carries the file's sha256 (``baseline_sha256``), so a reader can tell which file its
-delta and fidelity rest on. These checks catch stale, misplaced and hand-edited files; they cannot
-authenticate a file forged consistently throughout — ``engine.reuse_baseline=false`` recomputes every
-baseline.
+delta and fidelity rest on. These checks catch stale, misplaced and hand-edited files; a file forged
+consistently throughout (prediction and score edited together) is caught by its seal: every baseline carries
+an HMAC of its record, identity and log-probs under this machine's key (:func:`kvbench.results.local_seal`), so
+a baseline not written by this machine's kvbench is recomputed too. A full disk while storing a baseline stops
+the run (one line; finished samples are kept, a rerun resumes); any other write failure only costs the reuse.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -32,7 +35,7 @@ import torch
 
 from kvbench import SPEC_VERSION
 from kvbench.record import StrategyResult
-from kvbench.results import atomic_write, stable_hash, warn
+from kvbench.results import atomic_write, local_seal, seal_matches, stable_hash, warn, write_bytes
 
 if TYPE_CHECKING:
     from kvbench.tasks.base import Sample
@@ -43,6 +46,7 @@ REFUSED_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".npy", ".npz")
 _LOGP = "logp"
 _RECORD = "record"
 _IDENTITY = "identity"
+_SEAL = "seal"
 #: The record's fields that make up a baseline's identity, besides its key and tensor shape.
 IDENTITY_FIELDS = ("sample_id", "spec_version", "task_digest", "model_digest", "hardware_digest", "dtype",
                    "device", "seed")
@@ -115,6 +119,9 @@ def load_baseline(root: Path, key_fn: Callable[[Sample], str], sample: Sample) -
         expected = {"sample_id": sample.sample_id, "key": key, "spec_version": SPEC_VERSION,
                     "logp_shape": [len(sample.gold_ids), None]}
     why = _mismatch(stored, expected, list(logp.shape)) or _inconsistent(rec, logp, sample)
+    if not why and not seal_matches(meta.get(_SEAL), *_sealed_parts(meta, logp)):
+        why = ("it is not sealed by this machine's kvbench (written elsewhere, or its record and prediction "
+               "edited together)")
     if why:
         warn(f"ignored baseline {path}: {why}; recomputing it")
         return None
@@ -135,17 +142,30 @@ def stamp(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def save_baseline(root: Path, key: str, result: StrategyResult) -> None:
     """Write atomically (temp file + rename), with the user's umask, the identity beside the record. A
     directory that cannot be written costs only the reuse: one warning, and the run goes on."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     record: dict[str, Any] = result.record
     logp = result.logp.detach().to("cpu").float().contiguous()
     identity = {"key": key, **{k: record.get(k) for k in IDENTITY_FIELDS}, "logp_shape": list(logp.shape)}
     meta = {_RECORD: json.dumps(record, sort_keys=True, default=_json_default),
             _IDENTITY: json.dumps(identity, sort_keys=True, default=_json_default)}
+    seal = local_seal(*_sealed_parts(meta, logp))
+    if seal is not None:
+        meta[_SEAL] = seal
+    data = save({_LOGP: logp}, metadata=meta)
     try:
-        atomic_write(baseline_path(root, key), lambda tmp: save_file({_LOGP: logp}, tmp, metadata=meta))
+        atomic_write(baseline_path(root, key), lambda tmp: write_bytes(tmp, data))
     except OSError as exc:
+        if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+            raise  # a full disk: the sample's records could not be written either (one line, resume later)
         warn(f"could not store the baseline in {root} ({exc}); it will be recomputed next time")
+
+
+def _sealed_parts(meta: dict[str, str], logp: torch.Tensor) -> tuple[bytes, ...]:
+    """What a baseline's seal covers: its record, its identity and its log-probs' bytes."""
+    tensor = logp.detach().to("cpu").float().contiguous()
+    return (meta.get(_RECORD, "").encode(), meta.get(_IDENTITY, "").encode(),
+            json.dumps(list(tensor.shape)).encode(), tensor.view(-1).view(torch.uint8).numpy().tobytes())
 
 
 def _metadata(data: bytes) -> dict[str, str]:

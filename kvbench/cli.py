@@ -1,5 +1,5 @@
 """Command line: ``python -m kvbench [hydra overrides]`` runs a benchmark; ``kvbench calc|calibrate|hardware|
-leaderboard|lmeval|plan|sweep ...`` dispatch to their own tools. Bad input ends with one line on stderr and exit
+leaderboard|lmeval|plan|sweep|verify ...`` dispatch to their own tools. Bad input ends with one line on stderr and exit
 status 2, never a traceback, and nothing written. Before the first job starts, every job of a (multi)run is
 composed and checked as far as it can be without the model's weights (:func:`kvbench.config.check_overrides`):
 group choices and keys, engine settings, each strategy built from its parameters, and — when the model's
@@ -40,6 +40,7 @@ SUBCOMMANDS = {
     "lmeval": "kvbench.lmeval",
     "plan": "kvbench.plan",
     "sweep": "kvbench.sweep",
+    "verify": "kvbench.manifest",
 }
 SUBCOMMAND_HELP = {
     "calibrate": "tune a needle task on your corpus until the full baseline reaches a target accuracy",
@@ -49,6 +50,7 @@ SUBCOMMAND_HELP = {
     "lmeval": "lm-evaluation-harness with a compressed cache",
     "plan": "questions each claim needs to be decided (spec v1.2 §2.4), from the store or from assumptions",
     "sweep": "a named grid (conf/sweep/*.yaml) as Hydra multiruns, with a time projection (--dry-run)",
+    "verify": "check a results directory against its MANIFEST.sha256 (every unlisted, missing or altered file)",
 }
 
 # Registered at import: launchers that run jobs in other processes (joblib, submitit, Ray) compose there too.
@@ -75,7 +77,11 @@ def _job(cfg: DictConfig) -> Any:
     multirun = hydra_cfg is not None and hydra_cfg.mode == RunMode.MULTIRUN
     try:
         summary = run(cfg, validate_cfg(cfg))
-    except (KVBenchError, OmegaConfBaseException) as exc:
+    except (KVBenchError, OmegaConfBaseException, OSError) as exc:
+        if isinstance(exc, OSError) and not isinstance(exc, KVBenchError):
+            from kvbench.paths import os_error
+
+            exc = os_error(exc)  # a directory that cannot be created, a cache that cannot be written: one line
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if not multirun:
             fail(message)
@@ -104,8 +110,9 @@ def _record_failure(hydra_cfg: DictConfig, message: str) -> None:
     job_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
     print(f"kvbench: error: job {hydra_cfg.job.num} ({' '.join(overrides)}): {message}", file=sys.stderr)
-    job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / "error.txt").write_text(message + "\n")
+    with contextlib.suppress(OSError):  # the failure may be this very directory; the list below still has it
+        job_dir.mkdir(parents=True, exist_ok=True)
+        (job_dir / "error.txt").write_text(message + "\n")
     path = os.environ.get(FAILURES_ENV)
     if path:
         line = json.dumps({"num": int(hydra_cfg.job.num), "overrides": overrides, "error": message}) + "\n"
@@ -135,6 +142,22 @@ def _multirun(argv: list[str], overrides: list[str], n_jobs: int) -> None:
         for f in sorted(failures, key=lambda f: f["num"]):
             print(f"  job {f['num']} ({' '.join(f['overrides'])}): {f['error']}", file=sys.stderr)
         raise SystemExit(1)
+
+
+#: The directories Hydra itself creates (``hydra.run.dir`` holds ``.hydra/`` when an output subdir is set).
+HYDRA_DIRS = ("hydra.run.dir", "hydra.sweep.dir")
+
+
+def _check_hydra_dirs(overrides: list[str]) -> None:
+    """A ``hydra.run.dir``/``hydra.sweep.dir`` override Hydra could not create (``/proc/...``, a system
+    directory) is one line before Hydra starts, not Hydra's traceback. Values with interpolations (the default
+    ``${results_dir}/multirun/...``) are checked through ``results_dir``."""
+    from kvbench.paths import check_output_dir
+
+    for o in overrides:
+        key, sep, value = o.partition("=")
+        if sep and key.lstrip("+") in HYDRA_DIRS and "${" not in value:
+            check_output_dir(value.strip("'\""), key.lstrip("+"))
 
 
 def print_job_config(overrides: list[str]) -> None:
@@ -203,10 +226,15 @@ def main(argv: list[str] | None = None) -> None:
     n_jobs = 1
     if not (args.hydra_help or args.info or args.shell_completion):
         try:
+            _check_hydra_dirs(args.overrides)
             n_jobs = check_overrides(args.overrides, multirun=args.multirun)
         except KVBenchError as exc:
             job = getattr(exc, "job", None)
             fail(f"job {' '.join(job)}: {exc}" if args.multirun and job else str(exc))
+        except OSError as exc:  # preparing a job's samples met the filesystem (an unwritable cache)
+            from kvbench.paths import os_error
+
+            fail(str(os_error(exc)))
     if args.cfg == "job" and not args.multirun and not args.package:
         try:
             print_job_config(args.overrides)

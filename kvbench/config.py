@@ -373,6 +373,10 @@ def parse_jobs(overrides: list[str], multirun: bool, loader: Any = None) -> list
     except HydraException as exc:
         raise KVBenchError(f"cannot parse override: {_first_line(exc)}") from None
     parsed = [o for o in parsed if not o.is_hydra_override()]
+    for o in parsed:
+        if o.key_or_group == "results_dir" and o.is_sweep_override():
+            raise KVBenchError(f"{o.input_line}: results_dir is one directory, never a sweep; quote a name that "
+                               f"holds a comma (results_dir='{o.input_line.split('=', 1)[1]}')")
     sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
     if sweeps and not multirun:
         raise KVBenchError(f"{sweeps[0]} is a sweep: add -m to run one job per value (python -m kvbench -m "
@@ -421,6 +425,7 @@ def compose_jobs(jobs: list[list[str]]) -> Iterator[tuple[list[str], Any]]:
         try:
             if choices not in bases:
                 bases[choices] = _compose(compose, list(choices))
+            _refuse_new_keys(parsed, bases[choices], job)
             cfg = copy.deepcopy(bases[choices])
             ConfigLoaderImpl._apply_overrides_to_config([o for o in parsed if o.key_or_group not in GROUPS], cfg)
         except (HydraException, OmegaConfBaseException) as exc:
@@ -429,6 +434,26 @@ def compose_jobs(jobs: list[list[str]]) -> Iterator[tuple[list[str], Any]]:
             raise JobError(str(exc), job) from None
         yield job, cfg
 
+
+def _refuse_new_keys(parsed: list[Any], cfg: Any, job: list[str]) -> None:
+    """``+key=value`` adds a key the config does not have, which nothing reads (``+resutls_dir=x`` would be
+    ignored): refused like a misspelled key. Open nodes (``strategies_params``) take new keys without ``+``."""
+    from omegaconf import DictConfig, OmegaConf
+
+    for o in parsed:
+        if not (o.is_add() or o.is_force_add()) or o.key_or_group in GROUPS:
+            continue
+        key = o.key_or_group
+        parent_key = key.rpartition(".")[0]
+        parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+        if OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT:
+            continue  # ++key=value of a key that exists: a plain override
+        if isinstance(parent, DictConfig) and OmegaConf.is_struct(parent) is False:
+            continue
+        raise KVBenchError(_unknown_key(key, [x for x in job if x != o.input_line]))
+
+
+_ABSENT = object()
 
 #: Strategies built while :func:`check_overrides` checked a job, keyed by the job's resolved config: the job,
 #: run in this process, takes them (:func:`validate_cfg`) instead of building them again.
@@ -495,10 +520,14 @@ def check_task_fits(cfg: Any) -> None:
     path = cfg.model.get("path")
     key = json.dumps([str(cfg.model.name), str(path), task], sort_keys=True, default=str)
     if key not in _FITTED:
+        from kvbench.paths import os_error
+
         try:
             tokenizer, limit = _tokenizer(str(cfg.model.name), str(path) if path else None)
         except KVBenchError:
             return
+        except OSError as exc:  # the embedded model's conversion cannot be written (KVBENCH_CACHE)
+            raise os_error(exc) from None
         from kvbench.engine import check_lengths
         from kvbench.results import quiet_warnings
         from kvbench.tasks import build_samples
@@ -511,6 +540,8 @@ def check_task_fits(cfg: Any) -> None:
             _FITTED[key] = ""
         except KVBenchError as exc:
             _FITTED[key] = str(exc)
+        except OSError as exc:  # a corpus cache that cannot be written (KVBENCH_CACHE)
+            _FITTED[key] = str(os_error(exc))
     if _FITTED[key]:
         raise KVBenchError(_FITTED[key])
 
@@ -676,5 +707,8 @@ def validate_cfg(cfg: Any) -> list[Any]:
         from kvbench.tracking import check_available
 
         check_available()
+    from kvbench.paths import check_output_dir
+
+    check_output_dir(cfg.results_dir)
     checked = _CHECKED.pop(_job_key(cfg), None)
     return checked if checked is not None else resolve_strategies(cfg)

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from kvbench.results import atomic_write_text, stable_hash
+from kvbench.results import atomic_write_text, local_seal, seal_matches, stable_hash
 
 DIGEST_FILE = ".kvbench-digest.json"
 _BLOCK = 1 << 20
@@ -209,15 +209,22 @@ def directory_digest(root: Path, *, use_cache: bool = True) -> str:
     if use_cache:
         try:
             loaded = json.loads(cache_file.read_text())
-            ok = isinstance(loaded, dict) and loaded.get("scheme") == DIGEST_SCHEME
+            # Trusted only under this machine's seal: an edited digest (size and mtime kept) names other bytes.
+            ok = isinstance(loaded, dict) and loaded.get("scheme") == DIGEST_SCHEME and seal_matches(
+                loaded.get("seal"), _cache_blob(root, loaded.get("files")))
             cached = loaded.get("files", {}) if ok else {}
         except (OSError, ValueError):
             cached = {}
     files = file_digests(root, cached)
     digest = _combine({"__scheme__": DIGEST_SCHEME, **{rel: f["digest"] for rel, f in files.items()}})
     if files != cached:
-        _write_cache(cache_file, {"root": str(root), "scheme": DIGEST_SCHEME, "digest": digest, "files": files})
+        _write_cache(cache_file, {"root": str(root), "scheme": DIGEST_SCHEME, "digest": digest, "files": files,
+                                  "seal": local_seal(_cache_blob(root, files))})
     return digest
+
+
+def _cache_blob(root: Path, files: Any) -> bytes:
+    return json.dumps([str(root), files], sort_keys=True).encode()
 
 
 def file_digests(root: Path, cached: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:

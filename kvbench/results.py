@@ -15,7 +15,9 @@ Files are written with the user's umask (not ``mkstemp``'s 0600); temporary file
 (``.<name>.*.tmp``) are removed by the next run; a directory that cannot be written (read-only, full disk) is
 one :class:`UnwritableError` line, never a traceback, and never a half-written file. Readers skip what they
 cannot parse (a non-UTF-8 or non-object line, an unreadable or non-kvbench parquet file) with one warning naming
-the file and the count, and keep every good record.
+the file and the count, and keep every good record; the values of what they keep are checked against the record
+schema (:func:`check_values`: one line naming the file and field of the first bad one). Every record read names
+the file it came from (``source_file``). Files kvbench reuses as caches carry a keyed seal (:func:`local_seal`).
 
 Why one module of this length: the store's writer (:class:`RunStore`), its readers and the sample claims that
 let several workers append to one store share one file layout and the atomic-write helpers; kept together, the
@@ -25,6 +27,7 @@ layout has one owner.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -35,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
@@ -115,8 +119,10 @@ def _why(exc: OSError) -> str:
 
 
 def _unwritable(path: Path, exc: OSError, what: str = "write") -> UnwritableError:
-    return UnwritableError(f"cannot {what} {path} ({_why(exc)}); make "
-                           f"{path.parent} writable or choose another directory")
+    err = UnwritableError(f"cannot {what} {path} ({_why(exc)}); make "
+                          f"{path.parent} writable or choose another directory")
+    err.errno = exc.errno  # a full disk (ENOSPC) is told apart from a read-only directory by callers
+    return err
 
 
 def _mkstemp(path: Path) -> tuple[int, str]:
@@ -170,6 +176,17 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
         raise
 
 
+def write_bytes(path: str | Path, data: bytes) -> None:
+    """``data`` into ``path`` through ``os.write`` (which may write less than asked on a filling disk)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        done = 0
+        while done < len(data):
+            done += os.write(fd, data[done:])
+    finally:
+        os.close(fd)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "w") as fh:
@@ -217,6 +234,67 @@ def environment() -> dict[str, Any]:
     }
 
 
+SEAL_KEY = "seal.key"
+
+
+def _seal_key() -> bytes | None:
+    """This machine's secret for :func:`local_seal`: 32 random bytes in ``cache_dir()/seal.key`` (mode 0600),
+    made on first use; None when the cache cannot hold it (nothing is then trusted from a cache file)."""
+    from kvbench.paths import cache_dir
+
+    path = cache_dir() / SEAL_KEY
+    for _ in range(2):
+        try:
+            key = path.read_bytes()
+            if len(key) == 32:
+                return key
+        except OSError:
+            pass
+        try:  # written aside and linked in: a concurrent first use reads one whole key, never half of one
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{SEAL_KEY}.", suffix=TMP_SUFFIX)
+            try:
+                os.write(fd, os.urandom(32))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(tmp)
+        except OSError:
+            return None
+    return None
+
+
+def local_seal(*parts: bytes) -> str | None:
+    """HMAC-SHA256 of ``parts`` under this machine's key (:func:`_seal_key`), or None without a key.
+
+    A file kvbench reuses as a cache (a stored baseline, a model's digest cache) carries the seal of its
+    content; one whose seal does not verify was edited, forged consistently throughout, or written on another
+    machine, and is recomputed: a hash written beside the data could be rewritten with it, a keyed one
+    cannot without the key."""
+    import hmac
+
+    key = _seal_key()
+    if key is None:
+        return None
+    mac = hmac.new(key, digestmod="sha256")
+    for part in parts:
+        mac.update(len(part).to_bytes(8, "little"))
+        mac.update(part)
+    return mac.hexdigest()
+
+
+def seal_matches(seal: object, *parts: bytes) -> bool:
+    import hmac
+
+    expected = local_seal(*parts)
+    return expected is not None and isinstance(seal, str) and hmac.compare_digest(seal, expected)
+
+
 class RunStore:
     """The files of one run; append-only records with crash-safe reads."""
 
@@ -261,6 +339,9 @@ class RunStore:
         """
         if not self.records_path.exists():
             return []
+        if not self.records_path.is_file():
+            raise KVBenchError(f"{self.records_path} is not a file (a directory or device in its place); move it "
+                               "away and rerun (the run's records are read from it)")
         out: dict[tuple, dict[str, Any]] = {}
         bad = kept_clean = 0
         data = self.records_path.read_bytes()
@@ -290,7 +371,9 @@ class RunStore:
         """Append a sample's records together or not at all: written and fsynced as one unit, and on any
         failure (a full disk) the file is cut back to where it was, so no torn sample is left behind. A
         complete last record that lacks its newline is kept (sealed with one), a torn one dropped."""
+        records = list(records)
         blob = "".join(json.dumps(r, sort_keys=True, default=_json_default) + "\n" for r in records).encode()
+        keys = {(r.get("config_hash"), r.get("sample_id")) for r in records}
         with self._locked():
             try:
                 fd = os.open(self.records_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
@@ -298,7 +381,8 @@ class RunStore:
                 raise _unwritable(self.records_path, exc, "append to") from None
             start = None
             try:
-                _seal_tail(fd)
+                if _seal_tail(fd):  # a torn unit: what it left of the samples written now is stale
+                    _drop_tail_records(fd, keys)
                 start = os.fstat(fd).st_size
                 done = 0
                 while done < len(blob):  # os.write may write less than asked (a filling disk)
@@ -335,13 +419,13 @@ def _check_writable(directory: Path) -> None:
                               "results_dir=<dir>") from None
 
 
-def _seal_tail(fd: int) -> None:
+def _seal_tail(fd: int) -> bool:
     """Make the file end at a line boundary before an append: a last line without its newline is sealed with
     one when it is a complete record (it counted as done, so dropping it would lose it), and cut off in place
-    when it is torn by a kill (ftruncate keeps the inode other appenders hold)."""
+    when it is torn by a kill (ftruncate keeps the inode other appenders hold). True when a torn line was cut."""
     size = os.fstat(fd).st_size
     if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
-        return
+        return False
     end, cut_at = size, 0
     while end > 0:
         start = max(0, end - 65536)
@@ -352,8 +436,27 @@ def _seal_tail(fd: int) -> None:
         end = start
     if _parse_record(os.pread(fd, size - cut_at, cut_at)) is not None:
         os.write(fd, b"\n")
-    else:
-        os.ftruncate(fd, cut_at)
+        return False
+    os.ftruncate(fd, cut_at)
+    return True
+
+
+def _drop_tail_records(fd: int, keys: set[tuple[Any, Any]]) -> None:
+    """After a torn unit was cut: cut the whole records before it that belong to the samples about to be
+    appended again (same config and sample id). A sample's records are appended as one unit, so these are the
+    torn unit's first records; left in place they would be stale duplicates of the records written now."""
+    size = os.fstat(fd).st_size
+    data = os.pread(fd, min(size, 1 << 22), max(0, size - (1 << 22)))  # a unit is far smaller than 4 MiB
+    base = size - len(data)
+    lines = data.split(b"\n")[:-1]  # the file ends with a newline here
+    cut = size
+    for raw in reversed(lines[1:] if base else lines):  # the first line of a partial read may be cut
+        rec = _parse_record(raw)
+        if rec is None or (rec.get("config_hash"), rec.get("sample_id")) not in keys:
+            break
+        cut -= len(raw) + 1
+    if cut < size:
+        os.ftruncate(fd, cut)
 
 
 def _parse_record(raw: bytes) -> dict[str, Any] | None:
@@ -383,6 +486,8 @@ def flatten_for_store(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+#: Column naming the file (relative to the results directory) a record was read from.
+SOURCE_COLUMN = "source_file"
 #: Columns every store file has, and their kind; a parquet file without them is not kvbench's.
 STORE_TEXT_COLUMNS = ("config_hash", "strategy", "task", "model")
 STORE_NUMBER_COLUMNS = ("score",)
@@ -424,7 +529,9 @@ def read_store(results_dir: str | Path) -> pd.DataFrame:
         if problem:
             foreign.append(f"{f.name} ({problem})")
         elif not df.empty:
-            frames.append(df.assign(_store_file=f.name))
+            # A file's own source column (a frame read back and written again) is replaced by where it was read.
+            df = df.drop(columns=SOURCE_COLUMN, errors="ignore")
+            frames.append(check_values(df, str(f)).assign(_store_file=f.name))
     if bad:
         warn(f"skipped {len(bad)} unreadable parquet file(s) in {store}: {', '.join(bad)}")
     if foreign:
@@ -434,7 +541,113 @@ def read_store(results_dir: str | Path) -> pd.DataFrame:
     columns = {str(df["_store_file"].iloc[0]): set(df.columns) for df in frames}
     df = pd.concat(frames, ignore_index=True)
     _refuse_conflicts(df, columns, store)
-    return df.drop_duplicates(subset=RECORD_KEY, keep="last").drop(columns="_store_file").reset_index(drop=True)
+    df = df.drop_duplicates(subset=RECORD_KEY, keep="last").reset_index(drop=True)
+    # Which file each record was read from: a later check that pairs records of different runs names it.
+    return df.rename(columns={"_store_file": SOURCE_COLUMN}).assign(
+        **{SOURCE_COLUMN: lambda d: "store/" + d[SOURCE_COLUMN].astype(str)})
+
+
+# ------------------------------------------------------------------------------------- values checked on read
+
+#: Fields whose values are fractions: closed [0, 1] ranges.
+UNIT_FIELDS = ("score", "top1_agreement", "gold_token_accuracy", "kept_fraction")
+#: Reductions (``memory_reduction``, ``memory_reduction_fp16``, any field named ``memory_reduction*``) are below 1
+#: (a cache of no bytes saves nothing to measure) but may be negative: a float32 cache is twice its 16-bit
+#: reference (-1).
+BELOW_ONE_PREFIX = "memory_reduction"
+#: Text that is the model's or the task's own (a prediction may hold a newline): kept as read; every other text
+#: value is a name or an identifier and loses its control characters.
+FREE_TEXT_FIELDS = ("prediction", "answers", "sample_meta", "params", "stats")
+#: Fields that must be present and finite in every record (the others may be NaN: not measured).
+REQUIRED_NUMBERS = ("score",)
+
+
+@functools.lru_cache(maxsize=1)
+def _schema() -> dict[str, str]:
+    """Each record field's kind from :class:`kvbench.record.Record`'s annotations: ``number`` (int, float),
+    ``text`` (str, str | None), ``object`` (dict) or ``array`` (list)."""
+    import typing
+
+    from kvbench.record import Record
+
+    kinds = {}
+    for name, hint in typing.get_type_hints(Record).items():
+        base = typing.get_origin(hint) or hint
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if base in (typing.Union, types.UnionType) and len(args) == 1:
+            base = typing.get_origin(args[0]) or args[0]
+        kinds[name] = {int: "number", float: "number", str: "text", dict: "object", list: "array"}.get(base, "")
+    kinds.pop("run", None)
+    return kinds
+
+
+def _json_kind(value: Any, kind: str) -> bool:
+    """A nested field as stored (a JSON string) or as written (the object): of the declared ``kind``."""
+    if _missing(value):
+        return True
+    if isinstance(value, str):  # the opening bracket decides the kind; parsing every row would cost seconds
+        text = value.lstrip()
+        return text == "null" or text[:1] == ("{" if kind == "object" else "[")
+    return isinstance(value, dict if kind == "object" else list)
+
+
+def check_values(df: pd.DataFrame, source: str) -> pd.DataFrame:
+    """``df`` (records read from ``source``) with its values checked against the record schema: numbers are
+    numbers (finite; NaN only where a field was not measured), never negative, fractions in [0, 1],
+    ``memory_reduction`` below 1; text is text, nested fields are JSON of their declared kind. The first bad
+    value is one :class:`KVBenchError` line naming the file, the field and the record, so a forged or broken
+    row can never be ranked. Control characters in text (an ESC sequence in a name would drive the terminal
+    of whoever reads a report) are removed, with one warning."""
+    import numpy as np
+    from pandas.api import types as ptypes
+
+    def bad(name: str, mask: Any, expected: str) -> None:
+        rows = df[mask]
+        if rows.empty:
+            return
+        row = rows.iloc[0]
+        raise KVBenchError(
+            f"{source}: field {name!r} is {row[name]!r} in the record of sample {printable(row.get('sample_id'))!r}, "
+            f"strategy {printable(row.get('strategy'))!r} ({len(rows)} record(s) in all); expected {expected}: a "
+            "damaged or edited results file — remove it or rerun the run that wrote it")
+
+    for name, kind in _schema().items():
+        if name not in df.columns:
+            continue
+        col = df[name]
+        if kind == "number":
+            if ptypes.is_bool_dtype(col) or not (ptypes.is_numeric_dtype(col) or col.isna().all()):
+                bad(name, col.map(lambda v: not (_missing(v) or (isinstance(v, (int, float, np.number))
+                                                                 and not isinstance(v, (bool, np.bool_))))),
+                    "a number")
+            values = pd.to_numeric(col, errors="coerce").astype(float)
+            bad(name, np.isinf(values), "a finite number")
+            if name in REQUIRED_NUMBERS:
+                bad(name, values.isna(), "a number (every record has one)")
+            if name in UNIT_FIELDS:
+                bad(name, (values < 0) | (values > 1), "a fraction in [0, 1]")
+            elif name.startswith(BELOW_ONE_PREFIX):
+                bad(name, values >= 1, "a fraction below 1")
+            else:
+                bad(name, values < 0, "a non-negative number")
+        elif kind == "text" and not ptypes.is_string_dtype(col):
+            bad(name, col.map(lambda v: not (_missing(v) or isinstance(v, str))), "text")
+        elif kind in ("object", "array"):
+            bad(name, ~col.map(lambda v, k=kind: _json_kind(v, k)).astype(bool),
+                "a JSON object" if kind == "object" else "a JSON array")
+    stripped = 0
+    for name in df.columns:
+        if name in FREE_TEXT_FIELDS:
+            continue
+        col = df[name]
+        if col.dtype == object or ptypes.is_string_dtype(col):
+            hit = col.map(lambda v: isinstance(v, str) and _CONTROL.search(v) is not None).astype(bool)
+            if hit.any():
+                df = df.assign(**{name: col.map(lambda v: printable(v) if isinstance(v, str) else v)})
+                stripped += int(hit.sum())
+    if stripped:
+        warn(f"{source}: removed control characters from {stripped} value(s) (names are shown as plain text)")
+    return df
 
 
 def _schema_problem(df: pd.DataFrame) -> str | None:
@@ -479,6 +692,15 @@ def _refuse_conflicts(df: pd.DataFrame, columns: dict[str, set[str]], store: Pat
         "that is wrong (each run's runs/<run-id>/records.jsonl is its source) and rerun")
 
 
+def disagreement(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """The first measured field (:func:`_agreed_fields`) two records of one sample disagree on, or None when
+    they are the same measurement (timings aside)."""
+    for name in _agreed_fields():
+        if name in a and name in b and not _same(a[name], b[name]):
+            return name
+    return None
+
+
 def _same(a: Any, b: Any) -> bool:
     """Equal, NaN equal to NaN, floats to :data:`AGREE_RTOL`."""
     import math
@@ -512,7 +734,8 @@ def read_unpublished(results_dir: str | Path) -> pd.DataFrame:
         run_id = path.parent.name
         try:
             records = RunStore(root, run_id).load_records(quiet=True)
-        except (OSError, ValueError):
+        except (OSError, ValueError, KVBenchError) as exc:
+            warn(f"skipped {path} ({exc})")
             continue
         parquet = root / "store" / f"{run_id}.parquet"
         try:
@@ -520,7 +743,8 @@ def read_unpublished(results_dir: str | Path) -> pd.DataFrame:
         except Exception:  # unreadable: read_store reports it; the run's records count as unpublished
             published = 0
         if records and len(records) > published:
-            frames.append(flatten_for_store(pd.DataFrame(records)).assign(partial=True))
+            frame = check_values(flatten_for_store(pd.DataFrame(records)), str(path))
+            frames.append(frame.assign(partial=True, **{SOURCE_COLUMN: f"runs/{run_id}/records.jsonl"}))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

@@ -181,10 +181,53 @@ def paired_records(records: pd.DataFrame, depth_key: str | None = None) -> pd.Da
     parts = df.apply(lambda r: [r.get("sample_id"), r.get("context_tokens"), json_text(r.get("sample_meta")),
                                 r.get("seed"), r.get("query_aware"), r.get("dtype")], axis=1)
     df["sample_id"] = [f"{p[0]}#{stable_hash(p, 10)}" for p in parts]
+    refuse_disagreeing_runs(df)
     df = df.drop_duplicates(subset=["task", "strategy", "sample_id"], keep="last")
     meta = df["sample_meta"] if "sample_meta" in df.columns else pd.Series(None, index=df.index)
     df["depth"] = [round(d, 3) for d in (sample_depth(m, depth_key) for m in meta)]
     return df.sort_values(["task", "strategy", "sample_id"], kind="mergesort").reset_index(drop=True)
+
+
+#: Record fields that say how a run was set up (not what it measured, nor when or by which worker): named
+#: when two runs of one strategy disagree, so the message says which setting separates them.
+_RUN_FIELDS_IGNORED = ("run_id", "config_hash", "timing_contended", "concurrent_workers", "baseline_reused",
+                       "baseline_sha256", "partial", "model_path")
+
+
+def refuse_disagreeing_runs(df: pd.DataFrame) -> None:
+    """One measurement per (model, task, sample, strategy label, spec) in a table: when records of one key from
+    different runs (or files) disagree on a measurement, no table can pick one, so this raises one
+    :class:`KVBenchError` naming both files and what separates the runs (an engine setting, or nothing
+    recorded: a copied or edited file). Agreeing copies (``full`` in every run) pass; the caller keeps one."""
+    from kvbench.record import MEASURED_FIELDS
+    from kvbench.results import SOURCE_COLUMN, disagreement
+
+    keys = [c for c in ("model", "spec_version", "task", "strategy", "sample_id") if c in df.columns]
+    dup = df[df.duplicated(subset=keys, keep=False)]
+    if dup.empty:
+        return
+    skip = {*MEASURED_FIELDS, "score", "prediction", "stats", SOURCE_COLUMN, *_RUN_FIELDS_IGNORED,
+            *(c for c in df.columns if c.endswith("_s") or c.startswith("peak_"))}
+    for _, group in dup.groupby(keys, sort=False, dropna=False):
+        rows = group.to_dict("records")
+        first = rows[0]
+        for other in rows[1:]:
+            name = disagreement(first, other)
+            if name is None:
+                continue
+            settings = [f"{c} {first.get(c)!r} vs {other.get(c)!r}" for c in sorted(set(first) & set(other))
+                        if c not in skip and json_text(first.get(c)) != json_text(other.get(c))]
+            why = (f"the runs differ in {'; '.join(settings)}" if settings else
+                   "nothing recorded tells the runs apart (a copied or edited file, or an engine setting only "
+                   f"runs/{first.get('run_id')}/config.yaml and runs/{other.get('run_id')}/config.yaml hold)")
+            files = sorted({str(first.get(SOURCE_COLUMN, first.get("run_id"))),
+                            str(other.get(SOURCE_COLUMN, other.get("run_id")))})
+            raise KVBenchError(
+                f"two runs measured strategy {first.get('strategy')!r} on sample "
+                f"{str(first.get('sample_id')).split('#')[0]!r} of task {first.get('task')!r} differently ({name} "
+                f"{first.get(name)!r} vs {other.get(name)!r}): {' and '.join(files)}; {why}. A table holds one "
+                "measurement per sample: remove the file that is wrong, or keep the runs in separate results "
+                "directories")
 
 
 def run_cli(command: str, parser: argparse.ArgumentParser, argv: list[str] | None,

@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -108,6 +109,25 @@ def _sweep_value(value: Any) -> str:
     return str(value)
 
 
+def literal(value: str) -> str:
+    """``value`` as a Hydra override value read literally: a plain path as it is, anything else quoted, so a
+    comma is no sweep (``A,B`` stays one directory), its quotes escaped and ``${`` not an interpolation."""
+    if re.fullmatch(r"[A-Za-z0-9_./~+@%:-]+", value):
+        return value
+    return "'" + value.replace("'", "\\'").replace("${", "\\${") + "'"
+
+
+#: What a sweep or block name may be: one path component (the names are directories under results_dir/multirun).
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def _check_name(path: Path, what: str, name: str) -> str:
+    if not _NAME.fullmatch(name) or ".." in name:
+        raise KVBenchError(f"{path}: {what} {name!r} must be one path component of letters, digits, '_', '-' and "
+                           "'.' (it names a directory under results_dir/multirun)")
+    return name
+
+
 def expand(overrides: list[str]) -> list[list[str]]:
     """The jobs Hydra's basic sweeper makes of ``overrides`` (one override list per job, ``hydra.*`` left out)."""
     from kvbench.config import hydra_context, parse_jobs
@@ -156,6 +176,7 @@ def load_sweep(path: str | Path, launcher: str | None = None, extra: list[str] |
     blocks = []
     seen: dict[frozenset[str], str] = {}
     for name, grid in raw_blocks.items():
+        _check_name(p, "block name", str(name))
         # The launcher's settings are part of every job (hardware.threads is part of its identity); `extra` last:
         # a key given again replaces the file's value or sweep (`-- task=legal` runs one task).
         overrides = (fixed + axes + [f"{k}={_sweep_value(v)}" for k, v in (grid or {}).items()]
@@ -187,7 +208,8 @@ def load_sweep(path: str | Path, launcher: str | None = None, extra: list[str] |
             design = Design.from_mapping(data["design"], n)
         except KVBenchError as exc:
             raise KVBenchError(f"{p}: {exc}") from None
-    return Sweep(str(data.get("name", p.stem)), blocks, chosen, launcher_overrides, rounds, design)
+    return Sweep(_check_name(p, "sweep name", str(data.get("name", p.stem))), blocks, chosen, launcher_overrides,
+                 rounds, design)
 
 
 def load_design(path: str | Path) -> Design:
@@ -352,8 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1:]
     args = build_parser().parse_args(argv)
-    if args.results_dir:  # last, so it wins over a results_dir in the sweep file
-        extra.append(f"results_dir={args.results_dir}")
+    if args.results_dir is not None:  # last, so it wins over a results_dir in the sweep file
+        extra.append(f"results_dir={literal(args.results_dir)}")
     try:
         if args.per_round is not None and args.per_round < 0:
             raise KVBenchError(f"--per-round must be >= 0 (got {args.per_round})")

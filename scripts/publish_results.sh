@@ -7,6 +7,9 @@
 # the claim-focused headline sweep (scripts/reproduce_headline.sh). Both are spec v1.2 records; each directory is
 # ranked on its own (a store of two spec versions is refused: the leaderboard never ranks them together).
 # LEADERBOARD_CMD and HEADLINE_CMD name the commands that measured each store (printed under each table).
+# Each directory's MANIFEST.sha256 is rewritten first (the sha256 of every file of runs/, store/, baselines/), and
+# the leaderboard runs --strict against it: `kvbench verify --results-dir DIR` later names every file added,
+# removed or edited after publishing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -18,12 +21,14 @@ shot() {  # what a reader sees in a browser at 1400 px, next to the page
   "$chrome" --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,1000 \
     --screenshot="$1/leaderboard.png" "file://$(cd "$1" && pwd)/leaderboard.html" 2>/dev/null
 }
-"$PY" -m kvbench leaderboard --results-dir results --model smollm2-135m --hardware cpu --spec-version 1.2 --plots \
+"$PY" -m kvbench verify --write --results-dir results
+"$PY" -m kvbench leaderboard --strict --results-dir results --model smollm2-135m --hardware cpu --spec-version 1.2 --plots \
   --measured-by "${LEADERBOARD_CMD:-scripts/reproduce_leaderboard.sh --per-round 8 (rounds of kvbench sweep leaderboard; finished questions are reused)}"
 shot results
 if [[ -d results/headline/store ]]; then
   # Judged by the sweep file's pre-registered looks (spec v1.2 §2.5): every figure is the last complete look's.
-  "$PY" -m kvbench leaderboard --results-dir results/headline --model smollm2-135m --hardware cpu \
+  "$PY" -m kvbench verify --write --results-dir results/headline
+  "$PY" -m kvbench leaderboard --strict --results-dir results/headline --model smollm2-135m --hardware cpu \
     --spec-version 1.2 --design headline --plots --measured-by "${HEADLINE_CMD:-scripts/reproduce_headline.sh --per-round 48 (rounds of kvbench sweep headline; finished questions are reused)}"
   "$PY" -m kvbench plan --results-dir results/headline --model smollm2-135m --hardware cpu --spec-version 1.2 \
     --design headline > results/headline/plan.txt

@@ -529,18 +529,13 @@ def test_bad_input_is_one_line_exit_2_nothing_written(capsys, tmp_path, qa, make
     assert not results.exists()
 
 
-def test_read_only_results_dir_is_one_line(capsys, tmp_path, qa):
+def test_read_only_results_dir_is_one_line(capsys, tmp_path, qa, read_only):
     results = tmp_path / "ro"
     results.mkdir()
-    results.chmod(0o555)
-    if os.access(results, os.W_OK):  # root ignores permission bits: use a read-only filesystem instead
-        results = Path("/sys/kvbench-test-results")
-    try:
-        code, err, _ = kvbench(capsys, *_base(results, qa))
-    finally:
-        (tmp_path / "ro").chmod(0o755)
+    read_only(results)  # root ignores permission bits: the fixture uses the immutable flag then
+    code, err, _ = kvbench(capsys, *_base(results, qa))
     assert code == 2 and len(err) == 1 and "is not writable" in err[0], err
-    assert not list((tmp_path / "ro").iterdir())
+    assert not list(results.iterdir())
 
 
 def test_custom_corpus_skips_binary_files_with_a_warning(tmp_path, capsys):

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kvbench import manifest
 from kvbench.leaderboard.render import (
     CSV_FLOAT_FORMAT,
     LATENCY_METRICS,
@@ -126,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: the most informative per task)")
     p.add_argument("--measured-by", default=None,
                    help="the command that measured the store, quoted at the top of claim_check.md")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse (instead of warning) when the results directory does not match its "
+                        "MANIFEST.sha256, or has none (kvbench verify)")
     p.add_argument("--depth-key", default=None,
                    help=f"sample_meta key holding the needle depth (default: first of {', '.join(DEPTH_KEYS)})")
     return p
@@ -133,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _write_from_args(args: argparse.Namespace) -> list[Path]:
     out_dir = Path(args.out_dir or args.results_dir)
+    manifest.check(args.results_dir, strict=args.strict)
     lb = build(read_records(args.results_dir), filters_from_args(args), args.sort, args.reverse, args.depth_key,
                design_from_args(args))
     if args.measured_by:

@@ -592,12 +592,22 @@ def corpus_files(root: Path) -> tuple[list[Path], list[str]]:
     return files, outside
 
 
+def _utf8(text: str) -> bool:
+    """Whether ``text`` (a file name as Python decodes it) is UTF-8: a name of other bytes holds surrogates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def load_directory(path: str | os.PathLike) -> list[Document]:
     """A user's own corpus: every ``.txt``/``.md`` file under ``path`` (recursively), sorted by path.
 
-    A file that is not UTF-8 text (a NUL byte, or bytes that do not decode) is skipped with one warning naming
-    it: benchmarking on replacement characters would measure nothing the user meant. So is a symlink that
-    resolves outside ``path`` (:func:`corpus_files`).
+    A file that is not UTF-8 text (a NUL byte, or bytes that do not decode), or whose name is not UTF-8, is
+    skipped with one warning naming it: benchmarking on replacement characters would measure nothing the user
+    meant, and a name that is not UTF-8 cannot be stored. So is a symlink that resolves outside ``path``
+    (:func:`corpus_files`).
     """
     from kvbench.results import warn
 
@@ -611,6 +621,9 @@ def load_directory(path: str | os.PathLike) -> list[Document]:
              f"{', '.join(outside[:5])}" + (" ..." if len(outside) > 5 else ""))
     for file in files:
         rel = file.relative_to(root).as_posix()
+        if not _utf8(str(file)):  # names go into records and the parquet store, which hold UTF-8 text only
+            binary.append(os.fsencode(rel).decode("utf-8", "backslashreplace") + " (name)")
+            continue
         data = file.read_bytes()
         try:
             text = _normalise_newlines(data.decode("utf-8"))
