@@ -26,6 +26,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvbench.arch import LayerKind, layer_kinds
+from kvbench.attention import PendingKV, PendingStep
 from kvbench.capture import QueryRecorder
 from kvbench.errors import KVBenchError
 from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes
@@ -104,7 +105,9 @@ class KVBenchLayer(CacheLayerMixin):
             self.seen_tokens = key_states.shape[-2]
             return key_states, value_states
         self.seen_tokens += key_states.shape[-2]
-        return self.store.append(key_states, value_states)
+        # Deferred: attention either lets the store attend over its own storage (``LayerStore.attend``) or,
+        # touching the K/V any other way, gets what ``LayerStore.append`` returns (``kvbench.attention``).
+        return PendingKV.wrap(PendingStep(self.store, key_states, value_states))
 
     def get_seq_length(self) -> int:
         return self.seen_tokens

@@ -31,6 +31,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from kvbench import blockattn
+from kvbench.blockattn import Dense
 from kvbench.errors import KVBenchError
 from kvbench.quantizers import TokenChunk, gather_tokens, quantize_asymmetric
 from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
@@ -158,7 +160,10 @@ class Stream:
         self.chunks = ChunkList()
         self.r: torch.Tensor | None = None
         self.dtype: torch.dtype | None = None
-        self.work = WorkingCopy() if working else None
+        # Allowed to keep a working copy; it is only made once something reads the stream densely
+        # (:meth:`materialize`: SDPA or eager attention, a batch of rows); ``attend`` reads the codes instead.
+        self.working = working
+        self.work: WorkingCopy | None = None
         # Flushed tokens' decoded rows, written to the working copy at the next step: until then it holds the
         # exact values the current step attends to.
         self._pending: list[tuple[int, torch.Tensor]] = []
@@ -192,18 +197,32 @@ class Stream:
 
     def ingest(self, x: torch.Tensor, attend_first: bool) -> torch.Tensor | None:
         """Add ``x``; with ``attend_first`` return what attention reads before the flush (else after it)."""
+        self.add(x)
+        out = self.materialize() if attend_first else None
+        self.flush(defer=attend_first)
+        self.own(x)
+        return out
+
+    def add(self, x: torch.Tensor) -> None:
+        """Append ``x`` to the residual, quantizing nothing yet (:meth:`flush` does)."""
         self._settle()
         self.dtype = x.dtype
         if self.work is not None:
             self.work.append(x)
         self.r = torch.cat([self.r, x], dim=-2) if self.r is not None and self.r.shape[-2] else x
-        out = self.materialize() if attend_first else None
-        self.flush(defer=attend_first)
+
+    def own(self, x: torch.Tensor) -> None:
+        """After :meth:`add` (and any flush): never hold the caller's ``x`` itself."""
         if self.r is x:
             # The caller's tensor may be a view of a larger (possibly shared prefill) buffer, which
             # holding would keep alive and count; the residual gets storage of its own.
             self.r = x.clone(memory_format=torch.contiguous_format)
-        return out
+
+    def parts(self) -> list[Any]:
+        """The held tokens as parts attention reads block by block (``kvbench.blockattn``): the quantized
+        pieces, then the exact residual."""
+        assert self.r is not None
+        return [*self.chunks.pieces, Dense(self.r)]
 
     def flush(self, defer: bool = False) -> bool:
         """Quantize the oldest multiple of ``multiple`` tokens beyond the ``keep`` most recent ones."""
@@ -230,21 +249,35 @@ class Stream:
     def _oldest(self, n: int) -> tuple[TokenChunk, torch.Tensor | None]:
         """The residual's ``n`` oldest tokens encoded, and (with a working copy) decoded into the model dtype."""
         assert self.r is not None and self.dtype is not None
-        if self.work is None or not (self.token_wise and n <= self.keep):
+        if not self.working or not (self.token_wise and n <= self.keep):
             piece = self.encode(self.r[..., :n, :])
             return piece, None if self.work is None else piece.dequantize(self.dtype)
         if self._batch is None or self._used + n > self._batch[0].num_tokens:
-            codes = self.encode(self.r)  # every residual token, each encoded on its own
-            self._batch, self._used = (codes, codes.dequantize(self.dtype)), 0
+            self._batch, self._used = (self.encode(self.r), None), 0  # every residual token, each on its own
         codes, decoded = self._batch
+        if decoded is None and self.work is not None:  # decoded rows only for a working copy
+            decoded = codes.dequantize(self.dtype)
+            self._batch = (codes, decoded)
         i, self._used = self._used, self._used + n
-        return codes.narrow(i, n), decoded[..., i:i + n, :]
+        return codes.narrow(i, n), None if decoded is None else decoded[..., i:i + n, :]
 
     def materialize(self) -> torch.Tensor:
         """All held tokens in the model dtype: the working copy, or one dequantization and one concatenation."""
         assert self.r is not None and self.dtype is not None
+        if self.work is None and self.working:
+            # First dense read: the working copy starts from one decoding of everything held (after
+            # ``offset`` rows its owner fills, e.g. quant_recompute's recomputed segment).
+            b, h, _, d = self.r.shape
+            self.work = WorkingCopy()
+            if self.offset:
+                self.work.append(self.r.new_zeros(b, h, self.offset, d))
+            self.work.append(self._decoded())
         if self.work is not None:
             return self.work.view()
+        return self._decoded()
+
+    def _decoded(self) -> torch.Tensor:
+        assert self.r is not None and self.dtype is not None
         if not self.chunks.pieces:
             return self.r
         # Piece by piece: merging here would make the held layout (and, for ragged groups, its bytes)
@@ -279,10 +312,9 @@ class Stream:
 
     def scratch_tensors(self) -> list[torch.Tensor]:
         """Harness scratch, never counted as held: the working copy and the encoded residual batch."""
-        if self.work is None:
-            return []
         codes, decoded = self._batch or (None, None)
-        return self.work.tensors() + ([] if codes is None else [*codes.tensors(), decoded])
+        work = [] if self.work is None else self.work.tensors()
+        return work + ([] if codes is None else codes.tensors()) + ([] if decoded is None else [decoded])
 
 
 class StreamViews:
@@ -363,6 +395,24 @@ class QuantizedStore(StreamViews, LayerStore):
             assert k is not None and v is not None
             return k, v
         return self.materialize()
+
+    def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+               scaling: float, softcap: float | None = None) -> torch.Tensor:
+        """``LayerStore.attend`` over the codes: each block of the quantized pieces is decoded (or its scales
+        folded into the products) only while attention reads it, the residual read as it is."""
+        ks, vs = self._streams()
+        for s, x in ((ks, keys), (vs, values)):
+            s.add(x)
+            if not self.attend_before_flush:
+                s.flush()
+        heads = keys.shape[1]
+        out = blockattn.attend(query, blockattn.TokenRun(ks.parts(), heads), blockattn.TokenRun(vs.parts(), heads),
+                               mask, scaling, softcap)
+        for s, x in ((ks, keys), (vs, values)):
+            if self.attend_before_flush:  # KIVI: the step's own tokens were read exactly, quantized now
+                s.flush()
+            s.own(x)
+        return out
 
     def materialize(self) -> tuple[torch.Tensor, torch.Tensor]:
         """All held tokens in the model dtype."""
