@@ -27,7 +27,8 @@ import torch
 
 from kvbench.blockattn import compute_dtype, grouped_mask
 
-__all__ = ["CHOICES", "NAME", "PendingKV", "compute_dtype", "kvbench_attention_forward", "register", "resolve", "use"]
+__all__ = ["CHOICES", "NAME", "PendingKV", "PendingRows", "PendingStep", "compute_dtype", "kvbench_attention_forward",
+           "register", "resolve", "use"]
 
 NAME = "kvbench"
 #: Longest query handled here; longer ones (prefill) go to SDPA, whose blocked kernel suits them.
@@ -54,7 +55,7 @@ def kvbench_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
             and kwargs.get("position_bias") is None:
         # A kvbench cache's step: the store appends the new tokens and attends over its own storage.
         if attention_mask is None and causal and q > 1:  # the new tokens are the last q of the held + new
-            total = key.step.store.num_tokens() + q
+            total = key.step.held() + q
             attention_mask = torch.ones(q, total, dtype=torch.bool, device=query.device).tril(total - q)
         out = key.step.attend(query, attention_mask, d ** -0.5 if scaling is None else scaling, softcap)
         return out.transpose(1, 2).contiguous(), None
@@ -97,6 +98,10 @@ class PendingStep:
         self.kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self.done = False
 
+    def held(self) -> int:
+        """Tokens held before this step."""
+        return int(self.store.num_tokens())
+
     def resolve(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.kv is None:
             assert not self.done, "a pending step is either attended or resolved, once"
@@ -110,6 +115,37 @@ class PendingStep:
         return self.store.attend(query, self.keys, self.values, mask, scaling, softcap)
 
 
+class PendingRows:
+    """Several samples' :class:`PendingStep` s behind one batched forward (``kvbench.cache.RowsCache``): rows
+    whose K/V are left-padded to a common width. :meth:`attend` lets each row's store attend with that row's
+    queries and its own columns of the per-row mask (the columns left of them are its padding); :meth:`resolve`
+    gives the left-padded dense K/V, through ``pad``."""
+
+    def __init__(self, steps: list[PendingStep], keys: torch.Tensor, values: torch.Tensor, pad: Any) -> None:
+        self.steps, self.keys, self.values, self.pad = steps, keys, values, pad
+        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def held(self) -> int:
+        return max(s.held() + s.keys.shape[-2] for s in self.steps) - self.keys.shape[-2]
+
+    def resolve(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.kv is None:
+            kv = [s.resolve() for s in self.steps]
+            self.kv = self.pad([k for k, _ in kv]), self.pad([v for _, v in kv])
+        return self.kv
+
+    def attend(self, query: torch.Tensor, mask: torch.Tensor | None, scaling: float,
+               softcap: float | None) -> torch.Tensor:
+        outs = []
+        for i, s in enumerate(self.steps):
+            m = None
+            if mask is not None:
+                row = mask[i:i + 1] if mask.shape[0] > 1 else mask
+                m = row[..., row.shape[-1] - (s.held() + s.keys.shape[-2]):]
+            outs.append(s.attend(query[i:i + 1], m, scaling, softcap))
+        return torch.cat(outs, dim=0)
+
+
 class PendingKV(torch.Tensor):
     """The new keys (or values) of a :class:`PendingStep`, as transformers' ``Cache.update`` returns them.
 
@@ -119,11 +155,11 @@ class PendingKV(torch.Tensor):
     every other attention reads exactly what it read before.
     """
 
-    step: PendingStep
+    step: PendingStep | PendingRows
     which: int
 
     @staticmethod
-    def wrap(step: PendingStep) -> tuple[PendingKV, PendingKV]:
+    def wrap(step: PendingStep | PendingRows) -> tuple[PendingKV, PendingKV]:
         out = []
         for which, t in enumerate((step.keys, step.values)):
             x = torch.Tensor._make_subclass(PendingKV, t)

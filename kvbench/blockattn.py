@@ -111,12 +111,13 @@ def block_bytes(kv_heads: int, head_dim: int, rows: int, batch: int = 1, block: 
 
 
 def attend(query: torch.Tensor, keys: TokenRun, values: TokenRun, mask: torch.Tensor | None,
-           scaling: float, softcap: float | None = None, block: int = BLOCK_TOKENS) -> torch.Tensor:
+           scaling: float, softcap: float | None = None, block: int | None = None) -> torch.Tensor:
     """Attention of ``query`` ``[b, q_heads, q, d]`` over the tokens of ``keys``/``values``, block by block.
 
     Returns ``[b, q_heads, q, d]`` in the query's dtype. ``mask``: ``None`` (every token visible to every
     query), boolean (True = visible) or additive, broadcastable as ``[b, 1 or q_heads, q, tokens]``.
     """
+    block = block or BLOCK_TOKENS
     b, hq, q, d = query.shape
     n = keys.num_tokens
     assert values.num_tokens == n, (keys.num_tokens, values.num_tokens)

@@ -324,7 +324,7 @@ class SymmetricInt8(GroupedChunk):
             (s,) = self._per_token_meta(torch.float32)
             return (self.codes.float().unsqueeze(-2) * s).squeeze(-2).to(dtype)
         g, _ = group_view(self.codes.float(), self.group_size, self.axis)
-        return (g * self.scales.float()).flatten(*_group_dims(self.axis)).to(dtype)
+        return g.mul_(self.scales.float()).flatten(*_group_dims(self.axis)).to(dtype)
 
 
     def _token_scales(self, dtype: torch.dtype, start: int, stop: int) -> torch.Tensor | None:
@@ -411,7 +411,8 @@ class AsymmetricQuant(GroupedChunk):
             s, z = self._per_token_meta(torch.float32)
             return (c.unsqueeze(-2) * s + z).squeeze(-2).to(dtype)
         g, _ = group_view(c, self.group_size, self.axis)
-        out = g * self.scale.float() + self.zero.float()
+        # In place on the fresh float copy: one block-sized temporary, not three (attention decodes block by block).
+        out = g.mul_(self.scale.float()).add_(self.zero.float())
         return out.flatten(*_group_dims(self.axis)).to(dtype)
 
 

@@ -101,9 +101,10 @@ class WorkingCopy:
 
 class ChunkList:
     """A quantized chunk held as a few pieces along tokens, merged like a binary counter (a piece is merged
-    into its predecessor once it is as long): appending costs amortised O(log T) copies per token instead
-    of the O(T) of concatenating onto one chunk, with O(log T) pieces. Every piece holds exactly its
-    tokens, so byte accounting is unchanged; :meth:`merged` makes one chunk where one is needed."""
+    into its predecessor once it is as long, up to one attention block of tokens): appending costs amortised
+    O(log B) copies per token instead of the O(T) of concatenating onto one chunk, with T / B + O(log B) pieces.
+    Every piece holds exactly its tokens, so byte accounting is unchanged; :meth:`merged` makes one chunk where
+    one is needed."""
 
     def __init__(self) -> None:
         self.pieces: list[TokenChunk] = []
@@ -114,7 +115,11 @@ class ChunkList:
     def append(self, piece: TokenChunk) -> None:
         self.pieces.append(piece)
         self.lengths.append(piece.num_tokens)
-        while len(self.pieces) >= 2 and self.lengths[-2] <= self.lengths[-1]:
+        # Pieces stop merging at one attention block: a merge copies both pieces, and a copy of the whole chunk
+        # would be a step's largest temporary (the decode working set, ``kvbench.workingset``).
+        cap = max(blockattn.BLOCK_TOKENS, 1)
+        while len(self.pieces) >= 2 and self.lengths[-2] <= self.lengths[-1] \
+                and self.lengths[-2] + self.lengths[-1] <= cap:
             last = self.pieces.pop()
             self.pieces[-1] = self.pieces[-1].cat(last)
             n = self.lengths.pop()  # popped first: `x[-1] += x.pop()` would read the popped entry
