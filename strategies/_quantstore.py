@@ -14,10 +14,14 @@ tokens followed by a full-precision residual of the newest. Each stream has a fl
   the ``R`` newest values, the oldest quantized one token at a time. During decoding KIVI attends to the
   new token(s) before flushing, so the step's own tokens are read exactly (``attend_before_flush``).
 
-Working copy (harness scratch, not part of the format): quantized tokens never change, so re-decoding the
-whole chunk at every step is an artefact of emulating the format in PyTorch. Unless the run context sets
-``working_copy=False``, each stream keeps a :class:`WorkingCopy` — the decoded chunk followed by the
-residual, grown in place — and a step writes only its new and newly flushed rows. Decoding is
+Attention (``QuantizedStore.attend``, what ``attn_implementation="kvbench"`` calls) reads the stored codes block
+by block (``kvbench.blockattn``): a step holds the codes plus one decoded block, never a dense copy.
+
+Working copy (harness scratch, not part of the format), kept only for dense readers: SDPA or eager attention
+(``engine.attention=sdpa``, the GPU default) get dense K/V from ``append``, and re-decoding the whole chunk for
+them at every step is an artefact of emulating the format in PyTorch. Unless the run context sets
+``working_copy=False``, the first such read makes each stream a :class:`WorkingCopy` — the decoded chunk
+followed by the residual, grown in place — and from then on a step writes only its new and newly flushed rows. Decoding is
 element-wise, so a row decoded on its own is bit-identical to the same row decoded with the whole chunk.
 ``tensors()`` (and so ``kv_bytes``) never includes it; ``scratch_tensors()`` reports it.
 """
