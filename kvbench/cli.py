@@ -39,6 +39,7 @@ SUBCOMMANDS = {
     "lmeval": "kvbench.lmeval",
     "plan": "kvbench.plan",
     "sweep": "kvbench.sweep",
+    "throughput": "kvbench.throughput",
 }
 SUBCOMMAND_HELP = {
     "calibrate": "tune a needle task on your corpus until the full baseline reaches a target accuracy",
@@ -48,6 +49,7 @@ SUBCOMMAND_HELP = {
     "lmeval": "lm-evaluation-harness with a compressed cache",
     "plan": "questions each claim needs to be decided (spec v1.2 §2.4), from the store or from assumptions",
     "sweep": "a named grid (conf/sweep/*.yaml) as Hydra multiruns, with a time projection (--dry-run)",
+    "throughput": "sequences that fit a memory budget per strategy, and their batched decode speed",
 }
 
 # Registered at import: launchers that run jobs in other processes (joblib, submitit, Ray) compose there too.
