@@ -362,7 +362,8 @@ def roofline_fields(bench: Bench, rows: int, reads: float, held_tokens: float) -
             "flops": rows * (2 * params + attn)}
 
 
-def run(cfg: Any, out: Path) -> list[dict[str, Any]]:
+def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
+    """Measure every context, budget and strategy of ``cfg``; rows also go to ``out`` as they finish."""
     from kvbench.hardware import HardwareProfile
 
     strategies = check(cfg)
@@ -375,7 +376,8 @@ def run(cfg: Any, out: Path) -> list[dict[str, Any]]:
     print(f"kvbench throughput: {bench.lm.name} ({bench.dtype}), weights as held {bench.weights / 1e9:.3f} GB; "
           f"copy bandwidth {bench.bandwidth / 1e9:.1f} GB/s, matmul {bench.flops / 1e9:.1f} GFLOP/s", flush=True)
     rows: list[dict[str, Any]] = []
-    common = {"model": bench.lm.name, "dtype": str(bench.dtype).replace("torch.", ""), "device": bench.device,
+    common = {"command": command, "model": bench.lm.name, "dtype": str(bench.dtype).replace("torch.", ""),
+              "device": bench.device,
               "hardware": hw.name, "prefill": str(cfg.prefill), "steps": int(cfg.steps),
               "weights_bytes": bench.weights, "bandwidth_bytes_per_s": bench.bandwidth,
               "flops_per_s": bench.flops, "threads": torch.get_num_threads(), "linear": bench.engine.linear,
@@ -442,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         out = Path(str(cfg.out))
         started = time.time()
-        rows = run(cfg, out)
+        rows = run(cfg, out, " ".join(["kvbench throughput", *args.overrides]))
     except KVBenchError as exc:
         print(f"kvbench throughput: error: {exc}", file=sys.stderr)
         return 2

@@ -112,19 +112,21 @@ def _f(x: float, spec: str) -> str:
 def render(frames: dict[str, pd.DataFrame], out: Path) -> None:
     lines = ["# Capacity and decode throughput at a fixed memory budget (measured by `scripts/bench_throughput.py`)",
              ""]
-    cmd = {name: "kvbench throughput " + " ".join(PARTS[name]) for name in frames}
     for name, df in frames.items():
         first = df.iloc[0]
-        lines += [f"Part `{name}`: `{cmd[name]} steps={int(first['steps'])} repeats={int(df['round'].max()) + 1}`; "
+        command = first.get("command", "kvbench throughput " + " ".join(PARTS[name]))
+        lines += [f"Part `{name}`: `{command}`; "
                   f"{first['model']} in {first['dtype']} on {first['device']}, {int(first['threads'])} threads, "
                   f"engine.linear={first['linear']}, attention={first['attention']}; weights as held "
                   f"{first['weights_bytes'] / 1e9:.3f} GB; measured at the start: copy bandwidth "
                   f"{first['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, float32 matmul "
                   f"{first['flops_per_s'] / 1e9:.1f} GFLOP/s.", ""]
+    if any(df.iloc[0]["device"] == "cpu" for df in frames.values()):
+        lines += ["**The CPU was shared with other workers while this ran** (2 cores, ~8 processes): absolute "
+                  "tokens/s, bandwidth and FLOP/s are those of a busy machine; read the ratios.", ""]
     lines += [
-        "**The CPU was shared with other workers while this ran** (2 cores, ~8 processes): absolute tokens/s and "
-        "bandwidth are those of a busy machine; the gains are ratios within each round (strategies take turns), "
-        "and the interval is a 95% t-interval over the rounds' log ratios.", "",
+        "Gains are ratios within each round (strategies take turns), and the interval is a 95% t-interval over "
+        "the rounds' log ratios.", "",
         "`fits` is the largest number of sequences whose measured decode working set (stored bytes + scratch + "
         "the step's temporaries, `kvbench/workingset.py`) fits the budget minus the weights. TTFT = prefill of "
         "one sequence + its compression + the batch's question pass. Roofline: (weights + KV read per step) / "
