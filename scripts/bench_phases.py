@@ -43,7 +43,7 @@ def _rss() -> int:
 def worker(context: int, names: list[str], samples: int) -> dict:
     import gc
 
-    from kvbench.spec import PeakMemory
+    from kvbench.spec import PeakMemory, release_freed_memory
     from kvbench.workingset import LiveBytes
 
     phases: list[dict] = []
@@ -51,6 +51,8 @@ def worker(context: int, names: list[str], samples: int) -> dict:
 
     def phase(name: str, fn, note: str = "", track: bool = True):  # noqa: ANN001, ANN202
         nonlocal before
+        release_freed_memory()  # what earlier phases freed is not this phase's (PeakMemory trims too)
+        before = _rss()
         live = LiveBytes() if track else None
         with PeakMemory("cpu") as peak:
             if live is not None:
@@ -121,6 +123,7 @@ def worker(context: int, names: list[str], samples: int) -> dict:
             del cache
         del again
         gc.collect()
+        release_freed_memory()
         growth.append(_rss())
     return {"phases": phases, "growth": growth}
 
