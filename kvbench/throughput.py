@@ -10,9 +10,9 @@ and ``hardware=`` are the groups of ``python -m kvbench``). Per context length, 
 ``synthetic``: seeded random K/V streamed into each store in ``chunk_tokens`` chunks, no model forward — for
 random-weight models, where only memory and speed mean anything). Then, per budget and strategy:
 
-1. **capacity**: the budget minus the weights as the engine holds them (:func:`kvbench.workingset.weight_bytes`)
+1. **capacity**: the budget minus the weights as the engine holds them (:func:`kvbench.footprint.weight_bytes`)
    is what sequences may use. One sequence's decode working set is measured
-   (:func:`kvbench.workingset.decode_working_set`: stored bytes + scratch + the step's temporaries); the batch
+   (:func:`kvbench.footprint.decode_working_set`: stored bytes + scratch + the step's temporaries); the batch
    of ``floor(available / that)`` copies is measured again as a batch and grown or shrunk one sequence at a
    time until it is the largest whose measured working set fits;
 2. **throughput**: that many sequences, each a copy of the compressed cache given a question of its own length
@@ -239,7 +239,7 @@ class Bench:
         from kvbench.engine import Engine
         from kvbench.hardware_probe import measure_copy_bandwidth, measure_matmul_flops
         from kvbench.models import load_model
-        from kvbench.workingset import weight_bytes
+        from kvbench.footprint import weight_bytes
 
         self.cfg, self.device = cfg, str(hw.device)
         dtype = str(cfg.dtype or cfg.model.get("dtype") or hw.dtype)
@@ -303,7 +303,7 @@ class Bench:
 
     def working_set(self, built: Built, rows: int) -> dict[str, int]:
         """The measured working set of ``rows`` copies decoding one step together (after their question)."""
-        from kvbench.workingset import decode_working_set
+        from kvbench.footprint import decode_working_set
 
         cache, caches, _, tokens = self.batch(built, rows)
         return decode_working_set(caches, lambda: self.step(cache, built.strategy, tokens), self.device)

@@ -5,7 +5,7 @@
 
 A worker process (fresh, so nothing earlier hides a phase's peak) runs the phases of one sample in the engine's
 order and reports, per phase, the peak RSS (sampled every 2 ms, :class:`kvbench.spec.PeakMemory`), the RSS after
-it, and the peak bytes of the tensors the phase allocated and held at once (:class:`kvbench.workingset.LiveBytes`),
+it, and the peak bytes of the tensors the phase allocated and held at once (:class:`kvbench.footprint.LiveBytes`),
 next to the sizes that explain them (weights, float32 linear copies, the captured K/V and queries, each cache's
 stored and scratch bytes):
 
@@ -44,7 +44,7 @@ def worker(context: int, names: list[str], samples: int) -> dict:
     import gc
 
     from kvbench.spec import PeakMemory, release_freed_memory
-    from kvbench.workingset import LiveBytes
+    from kvbench.footprint import LiveBytes
 
     phases: list[dict] = []
     before = _rss()
@@ -76,7 +76,7 @@ def worker(context: int, names: list[str], samples: int) -> dict:
     import strategies as registry
     from kvbench.engine import Engine, attached, query_window_for
     from kvbench.models import load_model
-    from kvbench.workingset import unique_bytes, weight_bytes
+    from kvbench.footprint import unique_bytes, weight_bytes
 
     lm = phase("model load", lambda: load_model("smollm2-135m", dtype="bfloat16"), track=False)
     params = unique_bytes([*lm.model.parameters(), *lm.model.buffers()])

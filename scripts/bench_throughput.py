@@ -128,7 +128,7 @@ def render(frames: dict[str, pd.DataFrame], out: Path) -> None:
         "Gains are ratios within each round (strategies take turns), and the interval is a 95% t-interval over "
         "the rounds' log ratios.", "",
         "`fits` is the largest number of sequences whose measured decode working set (stored bytes + scratch + "
-        "the step's temporaries, `kvbench/workingset.py`) fits the budget minus the weights. TTFT = prefill of "
+        "the step's temporaries, `kvbench/footprint.py`) fits the budget minus the weights. TTFT = prefill of "
         "one sequence + its compression + the batch's question pass. Roofline: (weights + KV read per step) / "
         "bandwidth vs FLOPs / FLOP/s; `GPU` is the same bytes and FLOPs over the "
         f"`{GPU_PROFILE}` profile's datasheet figures (bf16 weights), at the same batch.", "",

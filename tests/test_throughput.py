@@ -1,4 +1,4 @@
-"""``kvbench throughput`` (kvbench/throughput.py) and the working-set measurement (kvbench/workingset.py), on the
+"""``kvbench throughput`` (kvbench/throughput.py) and the working-set measurement (kvbench/footprint.py), on the
 tiny random Llama."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from kvbench import throughput
 from kvbench.errors import KVBenchError
-from kvbench.workingset import LiveBytes, decode_working_set, weight_bytes
+from kvbench.footprint import LiveBytes, decode_working_set, weight_bytes
 
 
 @pytest.mark.parametrize(("text", "weights", "expected"), [
