@@ -25,6 +25,11 @@ from typing import Any
 
 import torch
 
+from kvbench.blockattn import compute_dtype, grouped_mask
+
+__all__ = ["CHOICES", "NAME", "PendingKV", "PendingRows", "PendingStep", "compute_dtype", "kvbench_attention_forward",
+           "register", "resolve", "use"]
+
 NAME = "kvbench"
 #: Longest query handled here; longer ones (prefill) go to SDPA, whose blocked kernel suits them.
 SHORT_QUERY = 64
@@ -46,6 +51,14 @@ def kvbench_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     b, hq, q, d = query.shape
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     softcap = kwargs.get("softcap")
+    if isinstance(key, PendingKV) and q <= SHORT_QUERY and not (dropout and module.training) \
+            and kwargs.get("position_bias") is None:
+        # A kvbench cache's step: the store appends the new tokens and attends over its own storage.
+        if attention_mask is None and causal and q > 1:  # the new tokens are the last q of the held + new
+            total = key.step.held() + q
+            attention_mask = torch.ones(q, total, dtype=torch.bool, device=query.device).tril(total - q)
+        out = key.step.attend(query, attention_mask, d ** -0.5 if scaling is None else scaling, softcap)
+        return out.transpose(1, 2).contiguous(), None
     long_query = q > SHORT_QUERY or (attention_mask is None and causal and 1 < q != key.shape[-2])
     if softcap is None and (long_query or (dropout and module.training)
                             or kwargs.get("position_bias") is not None):
@@ -65,7 +78,7 @@ def kvbench_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     if mask is None and causal and q > 1:  # q == kv here: the square causal mask SDPA's is_causal applies
         mask = torch.ones(q, kv, dtype=torch.bool, device=query.device).tril()
     if mask is not None:
-        mask = _grouped(mask, hkv, g)
+        mask = grouped_mask(mask, hkv, g)
         if mask.dtype == torch.bool:
             scores.masked_fill_(~mask, float("-inf"))
         else:
@@ -75,17 +88,95 @@ def kvbench_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     return out.view(b, hq, q, d).transpose(1, 2).contiguous(), None
 
 
-def compute_dtype(query: torch.Tensor) -> torch.dtype:
-    """float32 on CPU (see the module docstring), the model's dtype elsewhere."""
-    return torch.float32 if query.is_cpu else query.dtype
+class PendingStep:
+    """One layer's new K/V, handed by ``KVBenchLayer.update`` to the attention that reads them: either
+    :meth:`attend` (the store appends them and attends over its own storage, ``LayerStore.attend``) or, for any
+    other consumer, :meth:`resolve` (the store appends them and returns dense K/V, ``LayerStore.append``)."""
+
+    def __init__(self, store: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.store, self.keys, self.values = store, keys, values
+        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.done = False
+
+    def held(self) -> int:
+        """Tokens held before this step."""
+        return int(self.store.num_tokens())
+
+    def resolve(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.kv is None:
+            assert not self.done, "a pending step is either attended or resolved, once"
+            self.kv, self.done = self.store.append(self.keys, self.values), True
+        return self.kv
+
+    def attend(self, query: torch.Tensor, mask: torch.Tensor | None, scaling: float,
+               softcap: float | None) -> torch.Tensor:
+        assert not self.done, "a pending step is either attended or resolved, once"
+        self.done = True
+        return self.store.attend(query, self.keys, self.values, mask, scaling, softcap)
 
 
-def _grouped(mask: torch.Tensor, hkv: int, g: int) -> torch.Tensor:
-    """A mask ``[.., heads (1 or q_heads), q, kv]`` (or ``[q, kv]``) viewed as ``[.., hkv, g, q, kv]``."""
-    while mask.dim() < 4:
-        mask = mask[None]
-    mb, mh, mq, mk = mask.shape
-    return mask.view(mb, 1, 1, mq, mk) if mh == 1 else mask.view(mb, hkv, g, mq, mk)
+class PendingRows:
+    """Several samples' :class:`PendingStep` s behind one batched forward (``kvbench.cache.RowsCache``): rows
+    whose K/V are left-padded to a common width. :meth:`attend` lets each row's store attend with that row's
+    queries and its own columns of the per-row mask (the columns left of them are its padding); :meth:`resolve`
+    gives the left-padded dense K/V, through ``pad``."""
+
+    def __init__(self, steps: list[PendingStep], keys: torch.Tensor, values: torch.Tensor, pad: Any) -> None:
+        self.steps, self.keys, self.values, self.pad = steps, keys, values, pad
+        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def held(self) -> int:
+        return max(s.held() + s.keys.shape[-2] for s in self.steps) - self.keys.shape[-2]
+
+    def resolve(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.kv is None:
+            kv = [s.resolve() for s in self.steps]
+            self.kv = self.pad([k for k, _ in kv]), self.pad([v for _, v in kv])
+        return self.kv
+
+    def attend(self, query: torch.Tensor, mask: torch.Tensor | None, scaling: float,
+               softcap: float | None) -> torch.Tensor:
+        outs = []
+        for i, s in enumerate(self.steps):
+            m = None
+            if mask is not None:
+                row = mask[i:i + 1] if mask.shape[0] > 1 else mask
+                m = row[..., row.shape[-1] - (s.held() + s.keys.shape[-2]):]
+            outs.append(s.attend(query[i:i + 1], m, scaling, softcap))
+        return torch.cat(outs, dim=0)
+
+
+class PendingKV(torch.Tensor):
+    """The new keys (or values) of a :class:`PendingStep`, as transformers' ``Cache.update`` returns them.
+
+    ``attn_implementation="kvbench"`` recognises it and lets the store attend (:class:`PendingStep`). Any other
+    use — SDPA, eager attention, a ``torch.cat`` of batch rows, even ``.shape`` — goes through
+    ``__torch_function__``, which first resolves the step into the dense K/V the store's ``append`` returns, so
+    every other attention reads exactly what it read before.
+    """
+
+    step: PendingStep | PendingRows
+    which: int
+
+    @staticmethod
+    def wrap(step: PendingStep | PendingRows) -> tuple[PendingKV, PendingKV]:
+        out = []
+        for which, t in enumerate((step.keys, step.values)):
+            x = torch.Tensor._make_subclass(PendingKV, t)
+            x.step, x.which = step, which
+            out.append(x)
+        return out[0], out[1]
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        from torch.utils._pytree import tree_map
+
+        def real(x: Any) -> Any:
+            return x.step.resolve()[x.which] if isinstance(x, PendingKV) else x
+
+        args, kwargs = tree_map(real, (args, kwargs or {}))
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
 
 
 def register() -> None:

@@ -26,6 +26,8 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvbench.arch import LayerKind, layer_kinds
+from kvbench.attention import NAME as ATTENTION
+from kvbench.attention import PendingKV, PendingRows, PendingStep
 from kvbench.capture import QueryRecorder
 from kvbench.errors import KVBenchError
 from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes
@@ -66,8 +68,10 @@ class KVBenchLayer(CacheLayerMixin):
 
     is_croppable = False
 
-    def __init__(self, store: LayerStore, kind: LayerKind | None = None, windowed: bool = True) -> None:
+    def __init__(self, store: LayerStore, kind: LayerKind | None = None, windowed: bool = True,
+                 config: Any = None) -> None:
         super().__init__()
+        self.config = config  # the model's: its attention implementation decides how a step reads the store
         self.kind = kind or LayerKind()
         self.is_sliding = self.kind.sliding  # transformers sizes the sliding mask from the first such layer
         self.windowed = windowed and self.kind.sliding
@@ -104,6 +108,10 @@ class KVBenchLayer(CacheLayerMixin):
             self.seen_tokens = key_states.shape[-2]
             return key_states, value_states
         self.seen_tokens += key_states.shape[-2]
+        if getattr(self.config, "_attn_implementation", None) == ATTENTION:
+            # Deferred to kvbench's attention, which lets the store attend over its own storage
+            # (``LayerStore.attend``); anything else touching these K/V gets what ``append`` returns.
+            return PendingKV.wrap(PendingStep(self.store, key_states, value_states))
         return self.store.append(key_states, value_states)
 
     def get_seq_length(self) -> int:
@@ -149,7 +157,8 @@ class KVBenchCache(Cache):
         n = len(kinds)
         self.strategy = strategy
         self.config = config
-        super().__init__(layers=[KVBenchLayer(strategy.new_layer(i, n), kinds[i], windows) for i in range(n)])
+        super().__init__(layers=[KVBenchLayer(strategy.new_layer(i, n), kinds[i], windows, config)
+                                 for i in range(n)])
 
     # -- building from a shared prefill ---------------------------------------------------------
     @classmethod
@@ -249,6 +258,8 @@ class RowsLayer(CacheLayerMixin):
                                 value_states[i:i + 1, :, width - n:].clone())
             keys.append(k)
             values.append(v)
+        if all(isinstance(k, PendingKV) for k in keys):  # every row's store attends over its own storage
+            return PendingKV.wrap(PendingRows([k.step for k in keys], key_states, value_states, _left_pad))
         return _left_pad(keys), _left_pad(values)
 
     def get_seq_length(self) -> int:

@@ -43,6 +43,7 @@ from kvbench.spec import PeakMemory, Timer, fidelity, median, memory_reduction
 from kvbench.tasks.base import Sample
 from kvbench.tasks.metrics import normalize
 from kvbench.tasks.metrics import score as task_score
+from kvbench.workingset import WorkingSet
 from strategies.base import LayerCapture, RunContext, Strategy
 
 
@@ -90,6 +91,9 @@ class Engine:
     attention: str = "auto"
     #: ``engine.linear``: ``auto``, ``native`` or ``float32`` (:mod:`kvbench.linear`); the resolved choice.
     linear: str = "auto"
+    #: Measure each decode's working set on its first decode step (:mod:`kvbench.workingset`; the record's
+    #: ``working_set_bytes``). That step is then not timed.
+    measure_working_set: bool = True
 
     def __post_init__(self) -> None:
         from kvbench import attention, linear
@@ -332,6 +336,7 @@ class Engine:
                 peak_bytes_prefill=prefill_peak,
                 peak_bytes_decode=gen.peak_bytes,
                 scratch_bytes=int(scratch[i]),
+                working_set_bytes=int(gen.working_set_bytes),
                 # the decode peak is the whole batch's, so every decoded row's working copy comes off it
                 peak_bytes_decode_excl_scratch=max(0, gen.peak_bytes - (batch_scratch if gen.tokens else 0)),
                 stats=stats[i],
@@ -404,17 +409,29 @@ class Engine:
             g.first_s = t.seconds
             g.tokens.append(tok)
         rows = list(range(len(gens)))
+        measured = not self.measure_working_set
         while True:
             rows = [i for i in rows if len(gens[i].tokens) < max_new_tokens[i] and gens[i].tokens[-1] not in eos
                     and not (stops[i] and stops[i](gens[i].tokens))]
             if not rows:
                 break
             _activate(cache, rows)
-            with Timer(self.device) as t:
-                logits = self.forward(cache, [[gens[i].tokens[-1]] for i in rows], 1)
-                toks = [int(x) for x in logits[:, -1].argmax(-1)]
+            if not measured:
+                # The first decode step measures the working set (kvbench.workingset); its allocation tracking
+                # slows it, so it is not among the timed steps.
+                with WorkingSet(self.model, cache, self.device) as ws:
+                    logits = self.forward(cache, [[gens[i].tokens[-1]] for i in rows], 1)
+                    toks = [int(x) for x in logits[:, -1].argmax(-1)]
+                measured = True
+                for i in rows:
+                    gens[i].working_set_bytes = ws.bytes
+            else:
+                with Timer(self.device) as t:
+                    logits = self.forward(cache, [[gens[i].tokens[-1]] for i in rows], 1)
+                    toks = [int(x) for x in logits[:, -1].argmax(-1)]
+                for i in rows:
+                    gens[i].step_s.append(t.seconds)
             for i, tok in zip(rows, toks, strict=True):
-                gens[i].step_s.append(t.seconds)
                 gens[i].tokens.append(tok)
         return gens[0] if single else gens
 
@@ -500,6 +517,7 @@ class _Generation:
     first_s: float = float("nan")
     step_s: list[float] = field(default_factory=list)
     peak_bytes: int = 0
+    working_set_bytes: int = 0  # measured on the first decode step (the batch's, with several rows)
 
 
 class attached:

@@ -196,6 +196,21 @@ class TokenChunk(ABC):
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         """All tokens decoded into ``dtype``, shaped like the tensor that was quantized."""
 
+    # -- block reads for attention (kvbench.blockattn): one block decoded at a time, never the whole chunk ----
+    def decode(self, dtype: torch.dtype, start: int, stop: int) -> torch.Tensor:
+        """Tokens ``start:stop`` decoded into ``dtype`` (exactly those rows of :meth:`dequantize`, up to the
+        rounding of ``dtype``); the default views the per-token fields of those tokens, copying nothing."""
+        return dataclasses.replace(self, **{  # type: ignore[type-var]
+            f: getattr(self, f).narrow(d, start, stop - start) for f, d in self.TOKEN_DIMS.items()}).dequantize(dtype)
+
+    def scores(self, q: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """``q`` ``[b, h, m, d]`` times keys ``start:stop`` of this chunk: ``[b, h, m, stop - start]``."""
+        return torch.matmul(q, self.decode(q.dtype, start, stop).transpose(-1, -2))
+
+    def weighted(self, p: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """Probabilities ``p`` ``[b, h, m, stop - start]`` times values ``start:stop``: ``[b, h, m, d]``."""
+        return torch.matmul(p, self.decode(p.dtype, start, stop))
+
 
 class GroupedChunk(TokenChunk):
     """Integer codes with per-group metadata (``META`` fields, grouped layout).
@@ -239,6 +254,24 @@ class GroupedChunk(TokenChunk):
         return dataclasses.replace(self, **{  # type: ignore[type-var]
             f: torch.cat([getattr(self, f), getattr(other, f)], dim=d) for f, d in self.TOKEN_DIMS.items()},
             group_index=_index_tensor(rows, n_groups + getattr(other, self.META[0]).shape[-3]))
+
+    def decode(self, dtype: torch.dtype, start: int, stop: int) -> torch.Tensor:
+        if self.axis == "token":
+            return super().decode(dtype, start, stop)
+        codes = self._codes()
+        field = next(iter(self.TOKEN_DIMS))
+        if self.group_index is not None:  # ragged groups: the tokens' codes and rows, every metadata row
+            return dataclasses.replace(self, **{  # type: ignore[type-var]
+                field: codes.narrow(-2, start, stop - start),
+                "group_index": self.group_index.narrow(-1, start, stop - start)}).dequantize(dtype)
+        # Whole groups of tokens around start:stop, decoded, then the rows asked for.
+        g = self.group_size
+        a, b = start // g * g, -(-stop // g) * g
+        part = dataclasses.replace(self, **{  # type: ignore[type-var]
+            field: codes.narrow(-2, a, b - a), **{f: getattr(self, f).narrow(-3, a // g, (b - a) // g)
+                                                  for f in self.META}})
+        out = part.dequantize(dtype)
+        return out if (a, b) == (start, stop) else out.narrow(-2, start - a, stop - start)
 
     def narrow(self, start: int, length: int) -> TokenChunk:
         if self.axis != "token" or self.group_index is not None:
@@ -291,7 +324,27 @@ class SymmetricInt8(GroupedChunk):
             (s,) = self._per_token_meta(torch.float32)
             return (self.codes.float().unsqueeze(-2) * s).squeeze(-2).to(dtype)
         g, _ = group_view(self.codes.float(), self.group_size, self.axis)
-        return (g * self.scales.float()).flatten(*_group_dims(self.axis)).to(dtype)
+        return g.mul_(self.scales.float()).flatten(*_group_dims(self.axis)).to(dtype)
+
+
+    def _token_scales(self, dtype: torch.dtype, start: int, stop: int) -> torch.Tensor | None:
+        """``[.., 1, n]`` scales of tokens ``start:stop`` when each token has one scale for its whole head (token
+        axis, group = head_dim), which then folds into the scores and probabilities (KIVI's per-token fold)."""
+        if self.axis != "token" or self.scales.shape[-2] != 1:
+            return None
+        return self.scales[..., start:stop, 0, 0].to(dtype).unsqueeze(-2)
+
+    def scores(self, q: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        s = self._token_scales(q.dtype, start, stop)
+        if s is None:
+            return super().scores(q, start, stop)
+        return torch.matmul(q, self.codes[..., start:stop, :].to(q.dtype).transpose(-1, -2)).mul_(s)
+
+    def weighted(self, p: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        s = self._token_scales(p.dtype, start, stop)
+        if s is None:
+            return super().weighted(p, start, stop)
+        return torch.matmul(p * s, self.codes[..., start:stop, :].to(p.dtype))
 
 
 def _group_dims(axis: str) -> tuple[int, int]:
@@ -358,7 +411,8 @@ class AsymmetricQuant(GroupedChunk):
             s, z = self._per_token_meta(torch.float32)
             return (c.unsqueeze(-2) * s + z).squeeze(-2).to(dtype)
         g, _ = group_view(c, self.group_size, self.axis)
-        out = g * self.scale.float() + self.zero.float()
+        # In place on the fresh float copy: one block-sized temporary, not three (attention decodes block by block).
+        out = g.mul_(self.scale.float()).add_(self.zero.float())
         return out.flatten(*_group_dims(self.axis)).to(dtype)
 
 
@@ -404,6 +458,26 @@ class Fp8Quant(TokenChunk):
         if self.scale.numel() == 1:
             return torch.index_select((table * self.scale.flatten()).to(dtype), 0, codes).view(shape)
         return (torch.index_select(table, 0, codes).view(shape) * self.scale).to(dtype)
+
+
+    def _codes(self, dtype: torch.dtype, start: int, stop: int) -> torch.Tensor:
+        """Tokens ``start:stop`` as the unscaled FP8 values, in ``dtype`` (through the byte table)."""
+        block = self.payload[..., start:stop, :]
+        idx = block.view(torch.uint8).to(torch.int32, memory_format=torch.contiguous_format)
+        return torch.index_select(_fp8_table(self.payload.dtype, self.payload.device), 0,
+                                  idx.view(-1)).view(idx.shape).to(dtype)
+
+    def scores(self, q: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        # Scale per tensor: it multiplies the scores; per channel: it folds into the query (KIVI's key fold).
+        scale = self.scale.to(q.dtype)
+        if scale.numel() == 1:
+            return torch.matmul(q, self._codes(q.dtype, start, stop).transpose(-1, -2)).mul_(scale.flatten())
+        return torch.matmul(q * scale, self._codes(q.dtype, start, stop).transpose(-1, -2))
+
+    def weighted(self, p: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        scale = self.scale.to(p.dtype)
+        out = torch.matmul(p, self._codes(p.dtype, start, stop))
+        return out.mul_(scale.flatten()) if scale.numel() == 1 else out.mul_(scale)
 
 
 @functools.lru_cache(maxsize=8)

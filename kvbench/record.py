@@ -98,6 +98,12 @@ class Record:
                                                  "fidelity rest on; None when the baseline was computed fresh",
                                      default=None)
 
+    # -- measured decode working set, appended last (the on-disk order is historical) ----------------------
+    working_set_bytes: int = _f("memory", "bytes the cache, its scratch and attention's temporaries held at the "
+                                          "peak of the first decode step, measured while it ran "
+                                          "(kvbench.workingset; 0 when nothing was decoded)",
+                                measured=True, default=0)
+
     def to_dict(self) -> dict[str, Any]:
         """The record as stored: the run's fields first, then every other field in declaration order.
         Values are the objects given (no deep copy), as the engine's dict literal had them."""

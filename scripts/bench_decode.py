@@ -56,6 +56,7 @@ from kvbench.hardware_probe import measure_copy_bandwidth
 from kvbench.models import load_model
 from kvbench.results import atomic_write_text
 from kvbench.tasks.base import build_samples
+from kvbench.workingset import WorkingSet
 from strategies.base import held_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,6 +86,8 @@ class Row:
     seconds: list[float] = field(default_factory=list)
     cpu_seconds: list[float] = field(default_factory=list)
     close: Callable[[], None] = lambda: None
+    cache: Any = None  # a kvbench row's cache, whose decode working set is measured (kvbench.workingset)
+    working_set_bytes: float = float("nan")
 
 
 def bare_row(engine: Engine, pre: Any, impl: str) -> Row:
@@ -130,21 +133,29 @@ def kvbench_row(engine: Engine, name: str, kind: str, strategy: Any, sample: Any
             getattr(layer.store, "close", lambda: None)()
 
     return Row(name, kind, impl, lambda t: engine.forward(cache, [t], 1),
-               lambda: attached(cache, engine.model, strategy), cache.kv_bytes(), compress_s, close=close)
+               lambda: attached(cache, engine.model, strategy), cache.kv_bytes(), compress_s, close=close,
+               cache=cache)
 
 
 def decode_round_robin(engine: Engine, rows: list[Row], query: list[int], steps: int) -> None:
     """The question pass of every row, then ``steps`` greedy steps, one step of each row in turn: on a shared
-    machine, load that comes and goes falls on every row alike. Only the step itself is timed."""
+    machine, load that comes and goes falls on every row alike. Only the step itself is timed. The first decode
+    step of a kvbench row measures its working set (:class:`kvbench.workingset.WorkingSet`) and is not timed."""
     with torch.inference_mode():
-        for k in range(steps + 1):
+        for k in range(steps + 2):
             for row in rows:
                 attention.use(engine.model, row.attention, engine.device)
                 with row.scope():
+                    if k == 1 and row.cache is not None:
+                        with WorkingSet(engine.model, row.cache, engine.device) as ws:
+                            logits = row.step([row.tokens[-1]])
+                        row.tokens.append(int(logits[0, -1].argmax()))
+                        row.working_set_bytes = ws.bytes
+                        continue
                     t0, c0 = time.perf_counter(), time.process_time()
                     logits = row.step(query if k == 0 else [row.tokens[-1]])
                     row.tokens.append(int(logits[0, -1].argmax()))
-                    if k:
+                    if k > 1 or (k == 1 and row.cache is None):
                         row.seconds.append(time.perf_counter() - t0)
                         row.cpu_seconds.append(time.process_time() - c0)
 
@@ -192,7 +203,8 @@ def main() -> None:
             for row in rows:
                 records.append({"dtype": dtype, "context": context, "threads": torch.get_num_threads(),
                                 "row": row.name, "kind": row.kind, "attention": row.attention,
-                                "kv_bytes": row.kv_bytes, "compress_s": row.compress_s, "seconds": row.seconds,
+                                "kv_bytes": row.kv_bytes, "working_set_bytes": row.working_set_bytes,
+                                "compress_s": row.compress_s, "seconds": row.seconds,
                                 "cpu_seconds": row.cpu_seconds,
                                 "tokens_equal": row.tokens == rows[0].tokens, "limit_ms": limit_ms})
                 row.close()
@@ -218,6 +230,9 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, bandwidth: float
         df[f"{col}_vs_bare_sdpa"] = [m / bare[k] for m, k in zip(df[f"{col}_median"], at, strict=True)]
         df[f"{col}_vs_full"] = [m / full[k] for m, k in zip(df[f"{col}_median"], at, strict=True)]
         df[f"{col}_vs_limit"] = df[f"{col}_median"] / df.limit_ms
+    full_ws = df[(df.kind == "full") & (df.attention == NAME)].set_index(key)["working_set_bytes"]
+    df["working_set_vs_full"] = [w / full_ws[k] for w, k in
+                                 zip(df.working_set_bytes, zip(df.dtype, df.context, strict=True), strict=True)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     df.drop(columns=["seconds", "cpu_seconds"]).to_csv(out / f"decode{args.tag}.csv", index=False)
@@ -232,17 +247,22 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, bandwidth: float
         "On a shared machine wall time mostly measures the wait for a CPU, so each step is also timed in CPU "
         "seconds of this process (`cpu ms`, median; the ratios use it); wall medians [min, max] are listed "
         "beside it. `physical limit` = (weight bytes + `full` K/V bytes) / bandwidth per step. `tokens = bare`: "
-        "the greedy tokens equal bare transformers' with SDPA. Strategies run under `engine.attention=auto`.", "",
+        "the greedy tokens equal bare transformers' with SDPA. Strategies run under `engine.attention=auto`. "
+        "`working set`: the bytes the cache, its scratch and attention's temporaries held at the peak of the first "
+        "decode step, measured while it ran (`kvbench.workingset`; that step is not timed).", "",
     ]
     for (dtype, context), g in df.groupby(key, sort=False):
         lines += [f"## {dtype}, {context} tokens (physical limit {g.limit_ms.iloc[0]:.1f} ms/token)", "",
-                  "| row | cpu ms/token | vs bare sdpa | vs full | vs limit | wall ms/token | kv MB | tokens = bare |",
-                  "|---|---:|---:|---:|---:|---:|---:|:---:|"]
+                  "| row | cpu ms/token | vs bare sdpa | vs full | vs limit | wall ms/token | kv MB | "
+                  "working set MB | working set vs full | tokens = bare |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
         for r in g.itertuples():
             lines.append(f"| {r.row} | {r.cpu_ms_median:.1f} | {r.cpu_ms_vs_bare_sdpa:.2f}x | "
                          f"{r.cpu_ms_vs_full:.2f}x | {r.cpu_ms_vs_limit:.1f}x | "
                          f"{r.ms_median:.1f} [{r.ms_min:.1f}, {r.ms_max:.1f}] | "
                          f"{r.kv_bytes / 1e6:.1f} | "
+                         + ("n/a | n/a | " if r.working_set_bytes != r.working_set_bytes else
+                            f"{r.working_set_bytes / 1e6:.1f} | {r.working_set_vs_full:.2f}x | ") +
                          f"{'n/a' if r.kind == 'floor' else 'yes' if r.tokens_equal else 'no'} |")
         lines.append("")
     lines += ["## Targets (issue 23), in CPU time", ""]

@@ -14,10 +14,14 @@ tokens followed by a full-precision residual of the newest. Each stream has a fl
   the ``R`` newest values, the oldest quantized one token at a time. During decoding KIVI attends to the
   new token(s) before flushing, so the step's own tokens are read exactly (``attend_before_flush``).
 
-Working copy (harness scratch, not part of the format): quantized tokens never change, so re-decoding the
-whole chunk at every step is an artefact of emulating the format in PyTorch. Unless the run context sets
-``working_copy=False``, each stream keeps a :class:`WorkingCopy` — the decoded chunk followed by the
-residual, grown in place — and a step writes only its new and newly flushed rows. Decoding is
+Attention (``QuantizedStore.attend``, what ``attn_implementation="kvbench"`` calls) reads the stored codes block
+by block (``kvbench.blockattn``): a step holds the codes plus one decoded block, never a dense copy.
+
+Working copy (harness scratch, not part of the format), kept only for dense readers: SDPA or eager attention
+(``engine.attention=sdpa``, the GPU default) get dense K/V from ``append``, and re-decoding the whole chunk for
+them at every step is an artefact of emulating the format in PyTorch. Unless the run context sets
+``working_copy=False``, the first such read makes each stream a :class:`WorkingCopy` — the decoded chunk
+followed by the residual, grown in place — and from then on a step writes only its new and newly flushed rows. Decoding is
 element-wise, so a row decoded on its own is bit-identical to the same row decoded with the whole chunk.
 ``tensors()`` (and so ``kv_bytes``) never includes it; ``scratch_tensors()`` reports it.
 """
@@ -31,6 +35,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from kvbench import blockattn
+from kvbench.blockattn import Dense
 from kvbench.errors import KVBenchError
 from kvbench.quantizers import TokenChunk, gather_tokens, quantize_asymmetric
 from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
@@ -99,9 +105,10 @@ class WorkingCopy:
 
 class ChunkList:
     """A quantized chunk held as a few pieces along tokens, merged like a binary counter (a piece is merged
-    into its predecessor once it is as long): appending costs amortised O(log T) copies per token instead
-    of the O(T) of concatenating onto one chunk, with O(log T) pieces. Every piece holds exactly its
-    tokens, so byte accounting is unchanged; :meth:`merged` makes one chunk where one is needed."""
+    into its predecessor once it is as long, up to one attention block of tokens): appending costs amortised
+    O(log B) copies per token instead of the O(T) of concatenating onto one chunk, with T / B + O(log B) pieces.
+    Every piece holds exactly its tokens, so byte accounting is unchanged; :meth:`merged` makes one chunk where
+    one is needed."""
 
     def __init__(self) -> None:
         self.pieces: list[TokenChunk] = []
@@ -112,7 +119,11 @@ class ChunkList:
     def append(self, piece: TokenChunk) -> None:
         self.pieces.append(piece)
         self.lengths.append(piece.num_tokens)
-        while len(self.pieces) >= 2 and self.lengths[-2] <= self.lengths[-1]:
+        # Pieces stop merging at one attention block: a merge copies both pieces, and a copy of the whole chunk
+        # would be a step's largest temporary (the decode working set, ``kvbench.workingset``).
+        cap = max(blockattn.BLOCK_TOKENS, 1)
+        while len(self.pieces) >= 2 and self.lengths[-2] <= self.lengths[-1] \
+                and self.lengths[-2] + self.lengths[-1] <= cap:
             last = self.pieces.pop()
             self.pieces[-1] = self.pieces[-1].cat(last)
             n = self.lengths.pop()  # popped first: `x[-1] += x.pop()` would read the popped entry
@@ -158,7 +169,10 @@ class Stream:
         self.chunks = ChunkList()
         self.r: torch.Tensor | None = None
         self.dtype: torch.dtype | None = None
-        self.work = WorkingCopy() if working else None
+        # Allowed to keep a working copy; it is only made once something reads the stream densely
+        # (:meth:`materialize`: SDPA or eager attention, a batch of rows); ``attend`` reads the codes instead.
+        self.working = working
+        self.work: WorkingCopy | None = None
         # Flushed tokens' decoded rows, written to the working copy at the next step: until then it holds the
         # exact values the current step attends to.
         self._pending: list[tuple[int, torch.Tensor]] = []
@@ -192,18 +206,32 @@ class Stream:
 
     def ingest(self, x: torch.Tensor, attend_first: bool) -> torch.Tensor | None:
         """Add ``x``; with ``attend_first`` return what attention reads before the flush (else after it)."""
+        self.add(x)
+        out = self.materialize() if attend_first else None
+        self.flush(defer=attend_first)
+        self.own(x)
+        return out
+
+    def add(self, x: torch.Tensor) -> None:
+        """Append ``x`` to the residual, quantizing nothing yet (:meth:`flush` does)."""
         self._settle()
         self.dtype = x.dtype
         if self.work is not None:
             self.work.append(x)
         self.r = torch.cat([self.r, x], dim=-2) if self.r is not None and self.r.shape[-2] else x
-        out = self.materialize() if attend_first else None
-        self.flush(defer=attend_first)
+
+    def own(self, x: torch.Tensor) -> None:
+        """After :meth:`add` (and any flush): never hold the caller's ``x`` itself."""
         if self.r is x:
             # The caller's tensor may be a view of a larger (possibly shared prefill) buffer, which
             # holding would keep alive and count; the residual gets storage of its own.
             self.r = x.clone(memory_format=torch.contiguous_format)
-        return out
+
+    def parts(self) -> list[Any]:
+        """The held tokens as parts attention reads block by block (``kvbench.blockattn``): the quantized
+        pieces, then the exact residual."""
+        assert self.r is not None
+        return [*self.chunks.pieces, Dense(self.r)]
 
     def flush(self, defer: bool = False) -> bool:
         """Quantize the oldest multiple of ``multiple`` tokens beyond the ``keep`` most recent ones."""
@@ -230,21 +258,35 @@ class Stream:
     def _oldest(self, n: int) -> tuple[TokenChunk, torch.Tensor | None]:
         """The residual's ``n`` oldest tokens encoded, and (with a working copy) decoded into the model dtype."""
         assert self.r is not None and self.dtype is not None
-        if self.work is None or not (self.token_wise and n <= self.keep):
+        if not self.working or not (self.token_wise and n <= self.keep):
             piece = self.encode(self.r[..., :n, :])
             return piece, None if self.work is None else piece.dequantize(self.dtype)
         if self._batch is None or self._used + n > self._batch[0].num_tokens:
-            codes = self.encode(self.r)  # every residual token, each encoded on its own
-            self._batch, self._used = (codes, codes.dequantize(self.dtype)), 0
+            self._batch, self._used = (self.encode(self.r), None), 0  # every residual token, each on its own
         codes, decoded = self._batch
+        if decoded is None and self.work is not None:  # decoded rows only for a working copy
+            decoded = codes.dequantize(self.dtype)
+            self._batch = (codes, decoded)
         i, self._used = self._used, self._used + n
-        return codes.narrow(i, n), decoded[..., i:i + n, :]
+        return codes.narrow(i, n), None if decoded is None else decoded[..., i:i + n, :]
 
     def materialize(self) -> torch.Tensor:
         """All held tokens in the model dtype: the working copy, or one dequantization and one concatenation."""
         assert self.r is not None and self.dtype is not None
+        if self.work is None and self.working:
+            # First dense read: the working copy starts from one decoding of everything held (after
+            # ``offset`` rows its owner fills, e.g. quant_recompute's recomputed segment).
+            b, h, _, d = self.r.shape
+            self.work = WorkingCopy()
+            if self.offset:
+                self.work.append(self.r.new_zeros(b, h, self.offset, d))
+            self.work.append(self._decoded())
         if self.work is not None:
             return self.work.view()
+        return self._decoded()
+
+    def _decoded(self) -> torch.Tensor:
+        assert self.r is not None and self.dtype is not None
         if not self.chunks.pieces:
             return self.r
         # Piece by piece: merging here would make the held layout (and, for ragged groups, its bytes)
@@ -279,10 +321,9 @@ class Stream:
 
     def scratch_tensors(self) -> list[torch.Tensor]:
         """Harness scratch, never counted as held: the working copy and the encoded residual batch."""
-        if self.work is None:
-            return []
         codes, decoded = self._batch or (None, None)
-        return self.work.tensors() + ([] if codes is None else [*codes.tensors(), decoded])
+        work = [] if self.work is None else self.work.tensors()
+        return work + ([] if codes is None else codes.tensors()) + ([] if decoded is None else [decoded])
 
 
 class StreamViews:
@@ -363,6 +404,24 @@ class QuantizedStore(StreamViews, LayerStore):
             assert k is not None and v is not None
             return k, v
         return self.materialize()
+
+    def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+               scaling: float, softcap: float | None = None) -> torch.Tensor:
+        """``LayerStore.attend`` over the codes: each block of the quantized pieces is decoded (or its scales
+        folded into the products) only while attention reads it, the residual read as it is."""
+        ks, vs = self._streams()
+        for s, x in ((ks, keys), (vs, values)):
+            s.add(x)
+            if not self.attend_before_flush:
+                s.flush()
+        heads = keys.shape[1]
+        out = blockattn.attend(query, blockattn.TokenRun(ks.parts(), heads), blockattn.TokenRun(vs.parts(), heads),
+                               mask, scaling, softcap)
+        for s, x in ((ks, keys), (vs, values)):
+            if self.attend_before_flush:  # KIVI: the step's own tokens were read exactly, quantized now
+                s.flush()
+            s.own(x)
+        return out
 
     def materialize(self) -> tuple[torch.Tensor, torch.Tensor]:
         """All held tokens in the model dtype."""

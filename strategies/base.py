@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from kvbench import blockattn
 from kvbench.capture import LayerCapture
 from kvbench.errors import KVBenchError
 
@@ -58,6 +59,21 @@ class LayerStore(ABC):
     @abstractmethod
     def num_tokens(self) -> int:
         """Tokens physically held."""
+
+    def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+               scaling: float, softcap: float | None = None) -> torch.Tensor:
+        """Store this step's new ``keys``/``values`` and return the attention of ``query`` over the held tokens
+        plus the new ones: ``query`` ``[b, q_heads, q, d]`` -> ``[b, q_heads, q, d]``; ``mask`` (boolean or
+        additive, ``[b, 1 or q_heads, q, held + new]``, or None), ``scaling`` and ``softcap`` as in eager attention.
+
+        The one way attention reads a store (``attn_implementation="kvbench"``, short queries). The default
+        attends block by block (:func:`kvbench.blockattn.attend`) over what :meth:`append` returns; a store that
+        keeps its tokens compressed overrides it to read its own storage block by block (:meth:`read_runs`
+        plus the same function), so a step never holds a dense copy of the cache."""
+        k, v = self.append(keys, values)
+        heads = k.shape[1]
+        return blockattn.attend(query, blockattn.TokenRun([blockattn.Dense(k)], heads),
+                                blockattn.TokenRun([blockattn.Dense(v)], heads), mask, scaling, softcap)
 
     def scratch_tensors(self) -> Iterable[torch.Tensor]:
         """Harness scratch held besides the cache itself (never counted in ``kv_bytes``); none by default."""

@@ -15,8 +15,9 @@ infinity, so the clamp is also what keeps them finite. ``stats()`` reports the s
 decoded elements. Nothing is ever re-quantized, so there is no full-precision residual and tokens can
 be dropped exactly. Cost: 8 bits per element plus the (token-independent) scales.
 
-Unless the run context sets ``working_copy=False``, the decoded K/V are kept as harness scratch (see
-``strategies/_quantstore.py``): each step decodes only its new tokens, bit-identical to decoding all.
+Attention reads the payload block by block (``attend``). Only a dense reader (SDPA, eager attention) makes the
+store keep its decoded K/V as harness scratch, unless the run context sets ``working_copy=False`` (see
+``strategies/_quantstore.py``): each step then decodes only its new tokens, bit-identical to decoding all.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvbench import blockattn
 from kvbench.quantizers import FP8_FORMATS, FP8_SCALES, Fp8Quant, fp8_scale, gather_tokens, quantize_fp8
 from strategies._quantstore import ChunkList, WorkingCopy, working_copy_enabled
 from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
@@ -60,8 +62,6 @@ class Fp8Store(LayerStore):
                 return  # nothing to calibrate on yet: the first tokens to arrive set the scales
             ks, vs = fp8_scale(keys, fmt, self.strategy.scale), fp8_scale(values, fmt, self.strategy.scale)
             (k, _), (v, _) = quantize_fp8(keys, fmt, ks), quantize_fp8(values, fmt, vs)
-            if working_copy_enabled(self.strategy):
-                self.work = (WorkingCopy(), WorkingCopy())
         else:
             # Every piece carries the same (fixed) scale.
             scale_k, scale_v = self.kc.pieces[0].scale, self.vc.pieces[0].scale  # type: ignore[attr-defined]
@@ -86,9 +86,22 @@ class Fp8Store(LayerStore):
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self._ingest(keys, values, decoding=True)
         assert self.k is not None and self.v is not None and self.dtype is not None
+        if self.work is None and working_copy_enabled(self.strategy):
+            # First dense read (SDPA or eager attention): from here on each step decodes only its new tokens.
+            self.work = (WorkingCopy(), WorkingCopy())
+            self.work[0].append(self.k.dequantize(self.dtype))
+            self.work[1].append(self.v.dequantize(self.dtype))
         if self.work is not None:
             return self.work[0].view(), self.work[1].view()
         return self.k.dequantize(self.dtype), self.v.dequantize(self.dtype)
+
+    def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+               scaling: float, softcap: float | None = None) -> torch.Tensor:
+        """``LayerStore.attend`` over the FP8 payload, a block at a time, its scales folded into the products."""
+        self._ingest(keys, values, decoding=True)
+        heads = keys.shape[1]
+        return blockattn.attend(query, blockattn.TokenRun(self.kc.pieces, heads),
+                                blockattn.TokenRun(self.vc.pieces, heads), mask, scaling, softcap)
 
     def select_tokens(self, index: torch.Tensor) -> None:
         """Exact: FP8 elements are independent and the scales do not depend on the tokens kept."""

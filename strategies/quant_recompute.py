@@ -38,6 +38,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from kvbench import blockattn
+from kvbench.blockattn import Dense
 from kvbench.errors import KVBenchError
 from kvbench.quantizers import TokenChunk
 from strategies._quantstore import Stream, StreamViews, working_copy_enabled
@@ -159,13 +161,10 @@ class QuantRecomputeStore(StreamViews, LayerStore):
                 "valid: a divisor of head_dim among 8, 16, 32, 64, 128, 256")
         working = working_copy_enabled(self.strategy)
         r, g = self.cfg.residual_tokens, self.cfg.group_size
+        # A working copy, once a dense read makes one, starts with rows for the recomputed segment (``offset``),
+        # written with its exact K/V at the first step.
         self.ks = Stream(self._encode_keys, r, g, working, offset=segment_tokens)
         self.vs = Stream(self._encode_values, r, 1, working, offset=segment_tokens, token_wise=True)
-        if working:
-            # Rows for the recomputed segment, overwritten with its exact K/V at every step.
-            for stream, x in ((self.ks, keys), (self.vs, keys)):
-                assert stream.work is not None
-                stream.work.append(x.new_zeros(b, h, segment_tokens, d))
 
     def _bind_segment(self, prefix_tokens: int, n: int) -> Segment:
         seg = self.group.shared.get("segment")
@@ -239,6 +238,28 @@ class QuantRecomputeStore(StreamViews, LayerStore):
                 k, v = torch.cat([sk, k], dim=-2), torch.cat([sv, v], dim=-2)
         self.steps += 1
         return k, v
+
+    def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+               scaling: float, softcap: float | None = None) -> torch.Tensor:
+        """``LayerStore.attend``: the recomputed segment (exact), then the streams' codes block by block and the
+        residual, the step's own tokens read exactly before they are quantized (as :meth:`append` does)."""
+        if self.ks is None or self.vs is None:  # nothing prefilled: start an empty store
+            self._init(keys, 0)
+        assert self.ks is not None and self.vs is not None and self.dtype is not None
+        self.ks.add(keys)
+        self.vs.add(values)
+        kparts, vparts = self.ks.parts(), self.vs.parts()
+        if self.segment is not None:
+            sk, sv = self.segment.kv(self.layer_idx, self.steps)
+            kparts, vparts = [Dense(sk.to(self.dtype)), *kparts], [Dense(sv.to(self.dtype)), *vparts]
+        heads = keys.shape[1]
+        out = blockattn.attend(query, blockattn.TokenRun(kparts, heads), blockattn.TokenRun(vparts, heads),
+                               mask, scaling, softcap)
+        for s, x in ((self.ks, keys), (self.vs, values)):
+            s.flush()
+            s.own(x)
+        self.steps += 1
+        return out
 
     # -- accounting ------------------------------------------------------------------------------
     def tensors(self) -> Iterable[torch.Tensor]:

@@ -1,5 +1,9 @@
 """``attn_implementation="kvbench"`` (kvbench/attention.py) gives SDPA's records for every strategy in the registry.
 
+Under ``kvbench`` every store attends over its own storage (``LayerStore.attend``: quantized stores read their codes
+block by block); under SDPA the store's ``append`` returns dense K/V, dequantized, and SDPA attends over them. So this
+is the registry-wide check that attention over the compressed store equals dequantize-then-attend.
+
 Registry-wide, on tiny random models: a grouped-query Llama (4 query heads on 2 KV heads) and a Mistral with a
 sliding window shorter than the context, four ragged rows per batch (per-row masks from ``RowsCache``), and
 one row alone. Greedy tokens must be equal and log-probs within float32 matmul tolerance. Soft-capping
@@ -15,13 +19,20 @@ import pytest
 import torch
 
 import strategies
-from kvbench import attention
+from kvbench import attention, blockattn
 from kvbench.engine import Engine, query_window_for
 from kvbench.errors import KVBenchError
 from kvbench.models import ByteTokenizer, LoadedModel, tiny_llama
 from kvbench.tasks.base import Sample
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    """Blocks of 16 tokens: a 96-token context is read in several blocks, merged by the online softmax, and
+    blocks straddle the stores' piece boundaries (quantized chunks, residuals, recomputed segments)."""
+    monkeypatch.setattr(blockattn, "BLOCK_TOKENS", 16)
 
 TINY = {"group_size": 8, "residual_length": 8, "residual_tokens": 8, "recompute_tokens": 16, "block_size": 8,
         "quant_group_size": 8, "block_tokens": 16, "recent_tokens": 16, "decode_evict": True}

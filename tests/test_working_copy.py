@@ -102,14 +102,26 @@ def test_decode_writes_rows_not_the_whole_prefix(case: tuple[str, dict]) -> None
     assert len(storages) <= 4  # 256 -> 556 tokens with 25% headroom: a handful of growths, not 300 copies
 
 
-def test_working_copy_defaults_on_and_the_engine_flag_turns_it_off() -> None:
+@pytest.mark.parametrize("name", ["int4", "int8", "fp8"])
+def test_working_copy_only_for_dense_reads_and_the_engine_flag_turns_it_off(name: str) -> None:
+    """A working copy is made by the first dense read (``append``, what SDPA or eager attention gets), never by
+    ``attend`` (which reads the codes block by block), and never with ``working_copy=False``."""
+    def scratch(store: strategies.base.LayerStore) -> int:
+        return sum(t.numel() * t.element_size() for t in store.scratch_tensors())
+
     for working, want in ((None, True), (True, True), (False, False)):
-        strategy = strategies.build("int4")
+        strategy = strategies.build(name)
         if working is not None:
             strategy.bind(RunContext(working_copy=working))
         store = strategy.new_layer(0, 1)
-        store.prefill(torch.randn(1, 2, 40, 16), torch.randn(1, 2, 40, 16), None)
-        assert bool(list(store.scratch_tensors())) is want
+        store.prefill(torch.randn(1, 2, 300, 16), torch.randn(1, 2, 300, 16), None)
+        for _ in range(3):
+            store.attend(torch.randn(1, 4, 1, 16), torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16), None, 0.25)
+        held = held_bytes(store.tensors())
+        # no dense copy: at most int4's encoded value window (KIVI's R = 128 tokens of codes)
+        assert scratch(store) < held / 4
+        store.append(torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16))
+        assert (scratch(store) > held / 2) is want
 
 
 def test_select_tokens_keeps_the_decoded_values() -> None:
