@@ -1,15 +1,14 @@
-"""Bytes that decoding holds: the model's weights as the engine uses them, and a cache's decode working set.
+"""Bytes that decoding holds: the model's weights as the engine uses them, and a batch's decode working set.
 
 :func:`decode_working_set` is the one place ``kvbench throughput`` (:mod:`kvbench.throughput`) asks what a
-decode step of a cache holds at its peak. It measures it: the stored bytes (``kv_bytes``), the stores'
-scratch (a dequantized working copy, ``scratch_bytes``) and the peak of every tensor allocated and still alive
-during one decode step (the attention's temporaries, the batched path's per-layer concatenation, the logits),
-tracked op by op by :class:`LiveBytes` — on CUDA the allocator's own peak is used instead.
+decode step of a batch of caches holds at its peak; it reads :class:`kvbench.workingset.WorkingSet`.
+:func:`weight_bytes` counts the weights as the engine holds them (float32 linear copies included).
 
-:class:`LiveBytes` is a :class:`~torch.utils._python_dispatch.TorchDispatchMode`: every ATen op's outputs whose
-storage is new are counted until the last tensor on that storage dies. Allocations inside one kernel that are
-freed before it returns (a kernel's own workspace) are invisible to it, and tensors made outside dispatch (none
-in a decode step) too; both make it a lower bound of the allocator's peak, which is why CUDA uses the allocator.
+:class:`LiveBytes` (``scripts/bench_phases.py``: what each phase of a sample allocates) is a
+:class:`~torch.utils._python_dispatch.TorchDispatchMode`: every ATen op's outputs whose storage is new are counted
+until the last tensor on that storage dies. Allocations inside one kernel that are freed before it returns (a
+kernel's own workspace) are invisible to it, and tensors made outside dispatch too: a lower bound of the
+allocator's peak.
 """
 
 from __future__ import annotations
@@ -84,25 +83,23 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return unique_bytes(tensors)
 
 
-def decode_working_set(caches: list[Any], step: Callable[[], Any], device: str = "cpu") -> dict[str, int]:
-    """What ``caches`` (KVBench caches decoded together) hold at the peak of one decode ``step()``.
+def decode_working_set(model: torch.nn.Module, cache: Any, step: Callable[[], Any],
+                       device: str = "cpu") -> dict[str, int]:
+    """What ``cache`` (a KVBench cache, or several rows of them decoded together) holds at the peak of one decode
+    ``step()`` of ``model``: the one function ``kvbench throughput`` sizes batches with.
 
-    Returns ``kv_bytes`` and ``scratch_bytes`` (summed over the caches, before the step), ``temp_bytes``
-    (the step's peak of new allocations) and their sum ``working_set_bytes``.
+    Read from :class:`kvbench.workingset.WorkingSet` (the record field ``working_set_bytes``): the bytes the stores
+    hold (stored and scratch) as each attention module starts, plus the largest net allocation inside it (the
+    attention's blocks, scores and decoded copies), the largest over the step's layers. Returns that as
+    ``working_set_bytes``, beside ``kv_bytes`` and ``scratch_bytes`` before the step and ``temp_bytes``, what the
+    peak adds to the bytes held at the step's start. The model's own activations outside attention (the MLP's,
+    the logits) are the model's, not the cache's, and are not in it."""
+    from kvbench.workingset import WorkingSet
 
-    The one function ``kvbench throughput`` sizes batches with: when stores report their own measured decode
-    working set, this is where it is read."""
+    caches = getattr(cache, "caches", None) or [cache]
     kv = sum(c.kv_bytes() for c in caches)
     scratch = sum(c.scratch_bytes() for c in caches)
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
+    with WorkingSet(model, cache, device) as ws:
         step()
-        torch.cuda.synchronize()
-        temp = int(torch.cuda.max_memory_allocated()) - base
-    else:
-        with LiveBytes() as live:
-            step()
-        temp = live.peak
-    return {"kv_bytes": kv, "scratch_bytes": scratch, "temp_bytes": temp, "working_set_bytes": kv + scratch + temp}
+    return {"kv_bytes": kv, "scratch_bytes": scratch, "temp_bytes": ws.transient_bytes,
+            "working_set_bytes": ws.bytes}

@@ -12,7 +12,7 @@ random-weight models, where only memory and speed mean anything). Then, per budg
 
 1. **capacity**: the budget minus the weights as the engine holds them (:func:`kvbench.footprint.weight_bytes`)
    is what sequences may use. One sequence's decode working set is measured
-   (:func:`kvbench.footprint.decode_working_set`: stored bytes + scratch + the step's temporaries); the batch
+   (:func:`kvbench.footprint.decode_working_set`: stored bytes + scratch + the attention's peak); the batch
    of ``floor(available / that)`` copies is measured again as a batch and grown or shrunk one sequence at a
    time until it is the largest whose measured working set fits;
 2. **throughput**: that many sequences, each a copy of the compressed cache given a question of its own length
@@ -237,9 +237,9 @@ class Bench:
 
     def __init__(self, cfg: Any, hw: Any) -> None:
         from kvbench.engine import Engine
+        from kvbench.footprint import weight_bytes
         from kvbench.hardware_probe import measure_copy_bandwidth, measure_matmul_flops
         from kvbench.models import load_model
-        from kvbench.footprint import weight_bytes
 
         self.cfg, self.device = cfg, str(hw.device)
         dtype = str(cfg.dtype or cfg.model.get("dtype") or hw.dtype)
@@ -305,8 +305,9 @@ class Bench:
         """The measured working set of ``rows`` copies decoding one step together (after their question)."""
         from kvbench.footprint import decode_working_set
 
-        cache, caches, _, tokens = self.batch(built, rows)
-        return decode_working_set(caches, lambda: self.step(cache, built.strategy, tokens), self.device)
+        cache, _, _, tokens = self.batch(built, rows)
+        return decode_working_set(self.lm.model, cache, lambda: self.step(cache, built.strategy, tokens),
+                                  self.device)
 
     def capacity(self, built: Built, available: int, single: dict[str, int]) -> tuple[int, dict[str, int]]:
         """The largest batch (at most ``max_batch``) whose measured working set fits ``available`` bytes."""

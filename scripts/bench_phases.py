@@ -43,8 +43,8 @@ def _rss() -> int:
 def worker(context: int, names: list[str], samples: int) -> dict:
     import gc
 
-    from kvbench.spec import PeakMemory, release_freed_memory
     from kvbench.footprint import LiveBytes
+    from kvbench.spec import PeakMemory, release_freed_memory
 
     phases: list[dict] = []
     before = _rss()
@@ -75,8 +75,8 @@ def worker(context: int, names: list[str], samples: int) -> dict:
 
     import strategies as registry
     from kvbench.engine import Engine, attached, query_window_for
-    from kvbench.models import load_model
     from kvbench.footprint import unique_bytes, weight_bytes
+    from kvbench.models import load_model
 
     lm = phase("model load", lambda: load_model("smollm2-135m", dtype="bfloat16"), track=False)
     params = unique_bytes([*lm.model.parameters(), *lm.model.buffers()])

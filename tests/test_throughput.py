@@ -8,7 +8,7 @@ import torch
 
 from kvbench import throughput
 from kvbench.errors import KVBenchError
-from kvbench.footprint import LiveBytes, decode_working_set, weight_bytes
+from kvbench.footprint import LiveBytes, weight_bytes
 
 
 @pytest.mark.parametrize(("text", "weights", "expected"), [
@@ -69,14 +69,14 @@ def bench():
     return cfg, throughput.Bench(cfg, HardwareProfile.from_config(cfg.hardware))
 
 
-def test_working_set_is_stored_plus_scratch_plus_measured_temporaries(bench):
+def test_working_set_is_stored_plus_scratch_plus_measured_attention_peak(bench):
     cfg, b = bench
     strategies = throughput.check(cfg)
     built, _ = b.build(strategies, 64)
     for one in built:
         ws = b.working_set(one, 1)
-        assert ws["working_set_bytes"] == ws["kv_bytes"] + ws["scratch_bytes"] + ws["temp_bytes"]
-        assert ws["temp_bytes"] > 0  # at least the step's logits
+        assert ws["working_set_bytes"] >= ws["kv_bytes"] + ws["scratch_bytes"]
+        assert ws["temp_bytes"] > 0  # at least the attention's scores
         two = b.working_set(one, 2)
         assert two["kv_bytes"] > ws["kv_bytes"]  # two sequences hold two caches
 
@@ -119,13 +119,3 @@ def test_synthetic_prefill_fills_each_store_in_chunks():
         cache = throughput.synthetic_cache(strategies.build(name), model.config, 100, 32, torch.float32, "cpu", 0)
         assert cache.held_tokens() == [100] * model.config.num_hidden_layers
         assert cache.seen_tokens() == 100
-
-
-def test_decode_working_set_reads_the_caches_given():
-    from kvbench.cache import KVBenchCache
-    from kvbench.models import tiny_llama
-    from strategies.full import Full
-
-    cache = KVBenchCache(Full(), tiny_llama().config)
-    ws = decode_working_set([cache], lambda: torch.zeros(10))
-    assert ws == {"kv_bytes": 0, "scratch_bytes": 0, "temp_bytes": 40, "working_set_bytes": 40}
