@@ -377,7 +377,8 @@ def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
     print(f"kvbench throughput: {bench.lm.name} ({bench.dtype}), weights as held {bench.weights / 1e9:.3f} GB; "
           f"copy bandwidth {bench.bandwidth / 1e9:.1f} GB/s, matmul {bench.flops / 1e9:.1f} GFLOP/s", flush=True)
     rows: list[dict[str, Any]] = []
-    common = {"command": command, "model": bench.lm.name, "dtype": str(bench.dtype).replace("torch.", ""),
+    common = {"command": command, "commit": _commit(), "model": bench.lm.name,
+              "dtype": str(bench.dtype).replace("torch.", ""),
               "device": bench.device,
               "hardware": hw.name, "prefill": str(cfg.prefill), "steps": int(cfg.steps),
               "weights_bytes": bench.weights, "bandwidth_bytes_per_s": bench.bandwidth,
@@ -417,6 +418,21 @@ def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
             write_csv(rows, out)
         del built
     return rows
+
+
+def _commit() -> str:
+    """The kvbench checkout's git commit (with ``+dirty`` for uncommitted changes), or "" outside git."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return head + ("+dirty" if dirty else "")
 
 
 def write_csv(rows: list[dict[str, Any]], out: Path) -> None:

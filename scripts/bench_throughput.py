@@ -32,6 +32,8 @@ PERF = ROOT / "results" / "perf"
 PARTS = {
     "embedded": ["model=smollm2-135m", "contexts=[4096,8192]", "strategies=[int8,snapkv]",
                  "budget=[weights+0.6GB,weights+1.2GB]", "working_copy=false"],
+    "embedded_8k": ["model=smollm2-135m", "prefill=synthetic", "contexts=[8192]", "strategies=[int8]",
+                    "budget=[weights+0.6GB,weights+1.2GB]"],
     "random": ["model=llama-3.2-1b-random", "prefill=synthetic", "contexts=[16384,32768]",
                "strategies=[int8]", "budget=[weights+2.4GB]", "linear=native", "working_copy=false"],
 }
@@ -115,7 +117,9 @@ def render(frames: dict[str, pd.DataFrame], out: Path) -> None:
     for name, df in frames.items():
         first = df.iloc[0]
         command = first.get("command", "kvbench throughput " + " ".join(PARTS[name]))
-        lines += [f"Part `{name}`: `{command}`; "
+        commit = first.get("commit", "")
+        commit = "" if not isinstance(commit, str) or not commit else f" (commit {commit})"
+        lines += [f"Part `{name}`{commit}: `{command}`; "
                   f"{first['model']} in {first['dtype']} on {first['device']}, {int(first['threads'])} threads, "
                   f"engine.linear={first['linear']}, attention={first['attention']}; weights as held "
                   f"{first['weights_bytes'] / 1e9:.3f} GB; measured at the start: copy bandwidth "
@@ -138,7 +142,8 @@ def render(frames: dict[str, pd.DataFrame], out: Path) -> None:
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for name, df in frames.items():
         res = summarize(df)
-        label = " (random weights: memory and speed only)" if name == "random" else ""
+        label = {"random": " (random weights: memory and speed only)",
+                 "embedded_8k": " (synthetic K/V)"}.get(name, "")
         for _, r in res.iterrows():
             gain = "—" if r["strategy"] == "full" or not math.isfinite(r.get("gain", float("nan"))) else \
                 f"{r['gain']:.2f}× [{_f(r['gain_lo'], '.2f')}, {_f(r['gain_hi'], '.2f')}]"
