@@ -240,6 +240,7 @@ class Bench:
         from kvbench.footprint import weight_bytes
         from kvbench.hardware_probe import measure_copy_bandwidth, measure_matmul_flops
         from kvbench.models import load_model
+        from kvbench.spec import release_freed_memory
 
         self.cfg, self.device = cfg, str(hw.device)
         dtype = str(cfg.dtype or cfg.model.get("dtype") or hw.dtype)
@@ -248,6 +249,7 @@ class Bench:
         self.engine = Engine(self.lm, device=self.device, hardware=hw, attention=str(cfg.attention),
                              linear=str(cfg.linear), working_copy=bool(cfg.working_copy))
         self.engine.warmup()
+        release_freed_memory()  # building a random-weight model frees its float32 initialisation
         self.weights = weight_bytes(self.lm.model)
         self.dtype = self.lm.model.dtype
         self.bandwidth = measure_copy_bandwidth(256 * 2**20, device=self.device) * 1e9

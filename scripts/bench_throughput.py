@@ -35,7 +35,7 @@ PARTS = {
     "embedded_8k": ["model=smollm2-135m", "prefill=synthetic", "contexts=[8192]", "strategies=[int8]",
                     "budget=[weights+0.6GB,weights+1.2GB]"],
     "random": ["model=llama-3.2-1b-random", "prefill=synthetic", "contexts=[16384,32768]",
-               "strategies=[int8]", "budget=[weights+2.4GB]", "linear=native", "working_copy=false"],
+               "strategies=[int8]", "budget=[weights+1.2GB]", "linear=native"],
 }
 GPU_PROFILE = "server-gpu-80g"
 
