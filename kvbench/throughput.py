@@ -312,9 +312,13 @@ class Bench:
                                   self.device)
 
     def capacity(self, built: Built, available: int, single: dict[str, int]) -> tuple[int, dict[str, int]]:
-        """The largest batch (at most ``max_batch``) whose measured working set fits ``available`` bytes."""
-        per = single["working_set_bytes"]
-        rows = min(int(self.cfg.max_batch), available // per) if per else int(self.cfg.max_batch)
+        """The largest batch (at most ``max_batch``) whose measured working set fits ``available`` bytes.
+
+        From ``floor(available / one sequence's working set)``: shrunk one at a time while it does not fit, then
+        grown by the marginal cost measured so far and, past the budget, bisected; every size tried is measured
+        (working sets grow with the batch, so the largest fitting size is found)."""
+        per, cap = single["working_set_bytes"], int(self.cfg.max_batch)
+        rows = min(cap, available // per) if per else cap
         if rows < 1:
             return 0, single
         ws = self.working_set(built, rows)
@@ -323,14 +327,23 @@ class Bench:
             ws = self.working_set(built, rows)
         if ws["working_set_bytes"] > available:
             return 0, single
-        while rows < int(self.cfg.max_batch):
-            grown = ws["working_set_bytes"] + per  # one more sequence costs at most one sequence's working set
-            if grown > available:
-                break
-            more = self.working_set(built, rows + 1)
-            if more["working_set_bytes"] > available:
-                break
-            rows, ws = rows + 1, more
+        while rows < cap:
+            marginal = (ws["working_set_bytes"] - per) / (rows - 1) if rows > 1 else per
+            guess = min(cap, rows + max(1, int((available - ws["working_set_bytes"]) // max(marginal, 1))))
+            more = self.working_set(built, guess)
+            if more["working_set_bytes"] <= available:
+                rows, ws = guess, more
+                continue
+            lo, hi = rows, guess  # lo fits, hi does not
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                m = self.working_set(built, mid)
+                if m["working_set_bytes"] <= available:
+                    lo, ws = mid, m
+                else:
+                    hi = mid
+            rows = lo
+            break
         return rows, ws
 
     def decode(self, built: Built, rows: int) -> dict[str, float]:

@@ -30,10 +30,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 PERF = ROOT / "results" / "perf"
 PARTS = {
-    "embedded": ["model=smollm2-135m", "contexts=[4096,8192]", "strategies=[int8,snapkv]",
-                 "budget=[weights+0.6GB,weights+1.2GB]", "working_copy=false"],
-    "embedded_8k": ["model=smollm2-135m", "prefill=synthetic", "contexts=[8192]", "strategies=[int8]",
-                    "budget=[weights+0.6GB,weights+1.2GB]"],
+    "embedded": ["model=smollm2-135m", "prefill=synthetic", "contexts=[4096,8176]", "strategies=[int8]",
+                 "budget=[weights+0.3GB,weights+0.6GB]"],
     "random": ["model=llama-3.2-1b-random", "prefill=synthetic", "contexts=[16384,32768]",
                "strategies=[int8]", "budget=[weights+1.2GB]", "linear=native"],
 }
@@ -142,8 +140,7 @@ def render(frames: dict[str, pd.DataFrame], out: Path) -> None:
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for name, df in frames.items():
         res = summarize(df)
-        label = {"random": " (random weights: memory and speed only)",
-                 "embedded_8k": " (synthetic K/V)"}.get(name, "")
+        label = " (random weights: memory and speed only)" if name == "random" else ""
         for _, r in res.iterrows():
             gain = "—" if r["strategy"] == "full" or not math.isfinite(r.get("gain", float("nan"))) else \
                 f"{r['gain']:.2f}× [{_f(r['gain_lo'], '.2f')}, {_f(r['gain_hi'], '.2f')}]"
