@@ -21,8 +21,8 @@ Working copy (harness scratch, not part of the format), kept only for dense read
 (``engine.attention=sdpa``, the GPU default) get dense K/V from ``append``, and re-decoding the whole chunk for
 them at every step is an artefact of emulating the format in PyTorch. Unless the run context sets
 ``working_copy=False``, the first such read makes each stream a :class:`WorkingCopy` — the decoded chunk
-followed by the residual, grown in place — and from then on a step writes only its new and newly flushed rows. Decoding is
-element-wise, so a row decoded on its own is bit-identical to the same row decoded with the whole chunk.
+followed by the residual, grown in place — and from then on a step writes only its new and newly flushed rows.
+Decoding is element-wise, so a row decoded on its own is bit-identical to the same row decoded with the whole chunk.
 ``tensors()`` (and so ``kv_bytes``) never includes it; ``scratch_tensors()`` reports it.
 """
 
@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from kvbench import blockattn
+import kvbench.blockattn as blockattn
 from kvbench.blockattn import Dense
 from kvbench.errors import KVBenchError
 from kvbench.quantizers import TokenChunk, gather_tokens, quantize_asymmetric

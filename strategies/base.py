@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from kvbench import blockattn
+import kvbench.blockattn as blockattn
 from kvbench.capture import LayerCapture
 from kvbench.errors import KVBenchError
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench import blockattn
+import kvbench.blockattn as blockattn
 from kvbench.quantizers import FP8_FORMATS, FP8_SCALES, Fp8Quant, fp8_scale, gather_tokens, quantize_fp8
 from strategies._quantstore import ChunkList, WorkingCopy, working_copy_enabled
 from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require

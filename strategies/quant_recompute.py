@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kvbench import blockattn
+import kvbench.blockattn as blockattn
 from kvbench.blockattn import Dense
 from kvbench.errors import KVBenchError
 from kvbench.quantizers import TokenChunk
