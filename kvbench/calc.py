@@ -88,6 +88,17 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "vocab_size": 32768, "max_position_embeddings": 32768, "tie_word_embeddings": False,
                    "sliding_window": None},
     },
+    "llama-3.2-1b": {
+        "display": "Llama-3.2-1B",
+        "source": "huggingface.co/meta-llama/Llama-3.2-1B config.json",
+        "params": 1_235_814_400,
+        "config": {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+                   "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+                   "head_dim": 64, "vocab_size": 128256, "max_position_embeddings": 131072,
+                   "tie_word_embeddings": True, "rope_theta": 500000.0,
+                   "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+    },
     "smollm2-135m": {
         "display": "SmolLM2-135M",
         "source": "huggingface.co/HuggingFaceTB/SmolLM2-135M config.json (same figures in the embedded GGUF)",

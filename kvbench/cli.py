@@ -41,6 +41,7 @@ SUBCOMMANDS = {
     "plan": "kvbench.plan",
     "sweep": "kvbench.sweep",
     "verify": "kvbench.manifest",
+    "throughput": "kvbench.throughput",
 }
 SUBCOMMAND_HELP = {
     "calibrate": "tune a needle task on your corpus until the full baseline reaches a target accuracy",
@@ -51,6 +52,7 @@ SUBCOMMAND_HELP = {
     "plan": "questions each claim needs to be decided (spec v1.2 §2.4), from the store or from assumptions",
     "sweep": "a named grid (conf/sweep/*.yaml) as Hydra multiruns, with a time projection (--dry-run)",
     "verify": "check a results directory against its MANIFEST.sha256 (every unlisted, missing or altered file)",
+    "throughput": "sequences that fit a memory budget per strategy, and their batched decode speed",
 }
 
 # Registered at import: launchers that run jobs in other processes (joblib, submitit, Ray) compose there too.

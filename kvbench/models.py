@@ -361,6 +361,27 @@ def tiny_llama(seed: int = 0, **overrides: Any) -> Any:
     return model.eval()
 
 
+#: ``<preset>-random`` (a :data:`kvbench.calc.PRESETS` geometry, e.g. ``llama-3.2-1b-random``): that published
+#: architecture built in code with seeded random weights — no download; for memory and speed only.
+RANDOM_SUFFIX = "-random"
+
+
+def random_geometry(name: str, dtype: torch.dtype, seed: int = 0) -> Any:
+    """The preset ``name[:-len(RANDOM_SUFFIX)]``'s architecture with seeded random weights, built in ``dtype``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from kvbench.calc import PRESETS
+
+    base = name[: -len(RANDOM_SUFFIX)]
+    if base not in PRESETS:
+        valid = ", ".join(p + RANDOM_SUFFIX for p in PRESETS)
+        raise KVBenchError(f"unknown random-weight model {name!r}; valid: {valid}")
+    fields = dict(PRESETS[base]["config"])
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+
+
 class ByteTokenizer:
     """Deterministic byte-level tokenizer for ``tiny-llama`` (ids 0..255 are bytes)."""
 
@@ -392,6 +413,13 @@ def load_model(name: str, dtype: str = "float32", device: str = "cpu", attn_impl
     if name == "tiny-llama":
         model = tiny_llama(seed=seed, **({"attn_implementation": attn} if attn else {}))
         return LoadedModel(name, model.to(device=device, dtype=torch_dtype), ByteTokenizer())
+
+    if name.endswith(RANDOM_SUFFIX):
+        model = random_geometry(name, torch_dtype, seed)
+        if attn:
+            model.set_attn_implementation(attn)
+        describe(model)
+        return LoadedModel(name, model.to(device), ByteTokenizer())
 
     if name == "smollm2-135m":
         source: str | Path = converted_smollm2_dir()

@@ -4,7 +4,9 @@
 #      host/device mixing, CUDA timers and peak memory), plus the strategy x architecture matrix;
 #   2. the harness benchmark (scripts/bench_harness.py, through its CLI only) on the embedded model in bf16
 #      at 8,192 context tokens, batch 1, 4 and 16 (each invocation measures batch 1 beside --batch-size);
-#   3. results/perf/gpu.md: the device, the versions, the test summary and the benchmark tables, all
+#   3. capacity and decode throughput at a fixed budget (kvbench throughput) at 4K and 8K, rendered by
+#      scripts/bench_throughput.py into results/perf/gpu/throughput.{md,png};
+#   4. results/perf/gpu.md: the device, the versions, the test summary and the benchmark tables, all
 #      written by this script (never by hand); the raw harness outputs go to results/perf/gpu/batch<B>/.
 #
 # Usage: scripts/gpu_check.sh [--dry-run]
@@ -70,9 +72,17 @@ harness_cmd() {  # $1: batch size
     --samples "$SAMPLES" --batch-size "$1" $DEVICE_ARGS --out "$OUT/gpu/batch$1"
 }
 
+# Capacity and decode throughput at a fixed budget (kvbench throughput, issue 41), rendered by its script.
+THROUGHPUT=(env PYTHONPATH=. timeout 300 "$PY" -m kvbench throughput hardware=server-gpu-80g model=smollm2-135m
+            "contexts=[4096,8192]" "strategies=[int8,int4,snapkv]" "budget=[weights+2GB,weights+8GB]" steps=32
+            repeats=5 "out=$OUT/gpu/throughput_embedded.csv")
+RENDER=(env PYTHONPATH=. "$PY" scripts/bench_throughput.py --render-only --out "$OUT/gpu")
+
 if [[ "$DRY" == 1 ]]; then
   echo "+ ${TESTS[*]}"
   for b in $BATCHES; do echo "+ $(harness_cmd "$b")"; done
+  echo "+ ${THROUGHPUT[*]}"
+  echo "+ ${RENDER[*]}"
   [[ -n "$DEVICE_ARGS" ]] || echo "note: scripts/bench_harness.py has no --device option; the harness benchmark would be skipped"
   echo "+ write $OUT/gpu.md"
   exit 0
@@ -95,6 +105,10 @@ for b in $BATCHES; do
   HARNESS_RC[$b]=$?
   HARNESS_S[$b]=$((SECONDS - t0))
 done
+t0=$SECONDS
+"${THROUGHPUT[@]}" >"$OUT/gpu/throughput.log" 2>&1 && "${RENDER[@]}" >>"$OUT/gpu/throughput.log" 2>&1
+THROUGHPUT_RC=$?
+THROUGHPUT_S=$((SECONDS - t0))
 set -e
 
 {
@@ -124,6 +138,16 @@ PY
       sed '1{/^# /d}' "$OUT/gpu/batch$b/harness.md"
     fi
   done
+  echo
+  echo "## Capacity and decode throughput at a fixed budget (kvbench throughput)"
+  echo
+  if [[ "$THROUGHPUT_RC" != 0 ]]; then
+    echo "Failed (exit status $THROUGHPUT_RC after $THROUGHPUT_S s): \`$(tail -n 1 "$OUT/gpu/throughput.log")\`"
+  else
+    echo "$THROUGHPUT_S s. From \`${THROUGHPUT[*]}\`:"
+    echo
+    sed '1{/^# /d}' "$OUT/gpu/throughput.md"
+  fi
 } >"$OUT/gpu.md"
 echo "wrote $OUT/gpu.md in $((SECONDS - started)) s"
 [[ "$tests_rc" == 0 ]]

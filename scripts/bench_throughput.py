@@ -1,0 +1,209 @@
+"""Capacity and decode throughput at a fixed memory budget, with a roofline (issue 41, items 4 and 5).
+
+    PYTHONPATH=. python scripts/bench_throughput.py                  # runs both parts below, then renders
+    PYTHONPATH=. python scripts/bench_throughput.py --render-only    # the table and plot from the CSVs only
+
+Runs ``kvbench throughput`` (:mod:`kvbench.throughput`) twice, each into its own CSV under ``results/perf/``:
+
+* ``throughput_embedded.csv`` — the embedded SmolLM2-135M at 4,096 and 8,192 tokens (its limit), shared prefill;
+* ``throughput_random.csv`` — Llama-3.2-1B's geometry with random weights at 16,384 and 32,768 tokens, K/V
+  streamed into each store in chunks (``prefill=synthetic``): **random weights: memory and speed only**.
+
+and writes ``results/perf/throughput.md`` and ``throughput.png`` (decode tokens/s against the budget, one line per
+strategy, one panel per model and context). Per row, the roofline: one decode step of the batch reads the linear
+weights (as the engine runs them) and every sequence's KV (the bytes attention reads), and computes 2 FLOPs per
+weight per sequence plus the attention's products; its time is the larger of bytes over the copy bandwidth and
+FLOPs over the float32 matmul FLOP/s, both measured at the start of the run. The same bytes and FLOPs over the
+``server-gpu-80g`` profile's datasheet figures are what the table predicts for a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+PERF = ROOT / "results" / "perf"
+PARTS = {
+    "embedded": ["model=smollm2-135m", "prefill=synthetic", "contexts=[4096,8176]", "strategies=[int8]",
+                 "budget=[weights+0.3GB,weights+0.6GB]"],
+    "random": ["model=llama-3.2-1b-random", "prefill=synthetic", "contexts=[16384,32768]",
+               "strategies=[int8]", "budget=[weights+1.2GB]", "linear=native"],
+}
+GPU_PROFILE = "server-gpu-80g"
+
+
+def run_part(name: str, steps: int, repeats: int, extra: list[str], where: Path) -> None:
+    out = where / f"throughput_{name}.csv"
+    cmd = [sys.executable, "-m", "kvbench", "throughput", *PARTS[name], f"steps={steps}", f"repeats={repeats}",
+           f"out={out}", *extra]
+    print("+ " + " ".join(cmd[1:]), flush=True)
+    subprocess.run(cmd, cwd=ROOT, check=True)
+
+
+def gain_interval(ratios: list[float]) -> tuple[float, float, float]:
+    """Geometric mean of per-round ratios and its 95% t-interval (on the log scale); NaN bounds for one round."""
+    from scipy import stats
+
+    logs = [math.log(r) for r in ratios if r > 0 and math.isfinite(r)]
+    if not logs:
+        return float("nan"), float("nan"), float("nan")
+    mean = sum(logs) / len(logs)
+    if len(logs) < 2:
+        return math.exp(mean), float("nan"), float("nan")
+    sd = (sum((x - mean) ** 2 for x in logs) / (len(logs) - 1)) ** 0.5
+    half = stats.t.ppf(0.975, len(logs) - 1) * sd / len(logs) ** 0.5
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    from kvbench.hardware import load_profile
+
+    gpu = load_profile(GPU_PROFILE)
+    out = []
+    keys = ["model", "context", "budget"]
+    for (model, context, budget), g in df.groupby(keys, sort=False):
+        full = g[g["strategy"] == "full"].set_index("round")
+        for label, s in g.groupby("label", sort=False):
+            s = s.set_index("round")
+            first = s.iloc[0]
+            row = {"model": model, "context": context, "budget": budget, "budget_bytes": first["budget_bytes"],
+                   "strategy": first["strategy"], "label": label, "batch": int(first["batch"]),
+                   "seq_kv_bytes": first["seq_kv_bytes"], "seq_scratch_bytes": first["seq_scratch_bytes"],
+                   "seq_ws_bytes": first["seq_working_set_bytes"], "batch_ws_bytes": first["batch_working_set_bytes"],
+                   "weights_bytes": first["weights_bytes"], "rounds": len(s)}
+            if row["batch"]:
+                row.update({"tokens_per_s": s["tokens_per_s"].median(), "ms_per_step": s["ms_per_step"].median(),
+                            "ttft_s": s["ttft_s"].median(), "peak_rss_bytes": s["peak_rss_bytes"].max()})
+                bw, flops = first["bandwidth_bytes_per_s"], first["flops_per_s"]
+                mem = (first["weight_read_bytes"] + first["kv_read_bytes"]) / bw
+                comp = first["flops"] / flops
+                row.update({"roof_tps": row["batch"] / max(mem, comp), "bound": "memory" if mem >= comp else "compute",
+                            "roof_mem_s": mem, "roof_comp_s": comp})
+                gmem = (first["weight_native_read_bytes"] + first["kv_read_bytes"]) / (gpu.device_mem_bw_gbps * 1e9)
+                gcomp = first["flops"] / gpu.peak_flops
+                row["gpu_tps"] = row["batch"] / max(gmem, gcomp)
+                if not full.empty and int(full.iloc[0]["batch"]):
+                    common = s.index.intersection(full.index)
+                    ratios = [s.loc[r, "tokens_per_s"] / full.loc[r, "tokens_per_s"] for r in common]
+                    row["gain"], row["gain_lo"], row["gain_hi"] = gain_interval(ratios)
+            out.append(row)
+    res = pd.DataFrame(out)
+    for col in ("roof_tps", "gpu_tps"):
+        if col in res:
+            base = res[res["strategy"] == "full"].set_index(keys)[col]
+            res[col.replace("tps", "gain")] = [r[col] / base.get(tuple(r[k] for k in keys), float("nan"))
+                                               for _, r in res.iterrows()]
+    base_b = res[res["strategy"] == "full"].set_index(keys)["batch"]
+    res["capacity_ratio"] = [r["batch"] / base_b.get(tuple(r[k] for k in keys), float("nan"))
+                             if base_b.get(tuple(r[k] for k in keys), 0) else float("nan") for _, r in res.iterrows()]
+    return res
+
+
+def _f(x: float, spec: str) -> str:
+    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def render(frames: dict[str, pd.DataFrame], out: Path) -> None:
+    lines = ["# Capacity and decode throughput at a fixed memory budget (measured by `scripts/bench_throughput.py`)",
+             ""]
+    for name, df in frames.items():
+        first = df.iloc[0]
+        command = first.get("command", "kvbench throughput " + " ".join(PARTS[name]))
+        commit = first.get("commit", "")
+        commit = "" if not isinstance(commit, str) or not commit else f" (commit {commit})"
+        lines += [f"Part `{name}`{commit}: `{command}`; "
+                  f"{first['model']} in {first['dtype']} on {first['device']}, {int(first['threads'])} threads, "
+                  f"engine.linear={first['linear']}, attention={first['attention']}; weights as held "
+                  f"{first['weights_bytes'] / 1e9:.3f} GB; measured at the start: copy bandwidth "
+                  f"{first['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, float32 matmul "
+                  f"{first['flops_per_s'] / 1e9:.1f} GFLOP/s.", ""]
+    if any(df.iloc[0]["device"] == "cpu" for df in frames.values()):
+        lines += ["**The CPU was shared with other workers while this ran** (2 cores, ~8 processes): absolute "
+                  "tokens/s, bandwidth and FLOP/s are those of a busy machine; read the ratios.", ""]
+    lines += [
+        "Gains are ratios within each round (strategies take turns), and the interval is a 95% t-interval over "
+        "the rounds' log ratios.", "",
+        "`fits` is the largest number of sequences whose measured decode working set (stored bytes + scratch + "
+        "the step's temporaries, `kvbench/footprint.py`) fits the budget minus the weights. TTFT = prefill of "
+        "one sequence + its compression + the batch's question pass. Roofline: (weights + KV read per step) / "
+        "bandwidth vs FLOPs / FLOP/s; `GPU` is the same bytes and FLOPs over the "
+        f"`{GPU_PROFILE}` profile's datasheet figures (bf16 weights), at the same batch.", "",
+        "| model | context | budget | strategy | KV MB/seq | working set MB/seq | fits | × full | ms/step | "
+        "tokens/s | gain vs full [95% CI] | TTFT s | peak RSS GB | roofline tok/s (bound) | roofline gain | "
+        "GPU gain |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for name, df in frames.items():
+        res = summarize(df)
+        label = " (random weights: memory and speed only)" if name == "random" else ""
+        for _, r in res.iterrows():
+            gain = "—" if r["strategy"] == "full" or not math.isfinite(r.get("gain", float("nan"))) else \
+                f"{r['gain']:.2f}× [{_f(r['gain_lo'], '.2f')}, {_f(r['gain_hi'], '.2f')}]"
+            fits = int(r["batch"])
+            lines.append(
+                f"| {r['model']}{label} | {int(r['context']):,} | {r['budget']} ({r['budget_bytes'] / 1e9:.2f} GB) | "
+                f"{r['strategy']} | {r['seq_kv_bytes'] / 1e6:.1f} | {r['seq_ws_bytes'] / 1e6:.1f} | {fits} | "
+                f"{_f(r['capacity_ratio'], '.2f')} | {_f(r.get('ms_per_step'), '.0f')} | "
+                f"{_f(r.get('tokens_per_s'), '.1f')} | {gain} | {_f(r.get('ttft_s'), '.1f')} | "
+                f"{_f(r.get('peak_rss_bytes', float('nan')) / 1e9, '.2f')} | "
+                f"{_f(r.get('roof_tps'), '.1f')} ({r.get('bound', '—')}) | {_f(r.get('roof_gain'), '.2f')} | "
+                f"{_f(r.get('gpu_gain'), '.2f')} |")
+    (out / "throughput.md").write_text("\n".join(lines) + "\n")
+    plot(frames, out / "throughput.png")
+    print("\n".join(lines))
+
+
+def plot(frames: dict[str, pd.DataFrame], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(name, m, c, summarize(df)) for name, df in frames.items()
+              for (m, c), _ in df.groupby(["model", "context"])]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+    for ax, (name, model, context, res) in zip(axes[0], panels, strict=True):
+        sub = res[(res["model"] == model) & (res["context"] == context)]
+        for label, s in sub.groupby("strategy", sort=False):
+            s = s.sort_values("budget_bytes")
+            ax.plot(s["budget_bytes"] / 1e9, s["tokens_per_s"].fillna(0), marker="o", label=label)
+        title = f"{model}, {context:,} tokens" + ("\nrandom weights: memory and speed only" if name == "random" else "")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("memory budget (GB)")
+        ax.set_ylabel("decode tokens/s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--render-only", action="store_true", help="only render the committed CSVs")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"parts to run: {', '.join(PARTS)}")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=str(PERF))
+    ap.add_argument("extra", nargs="*", help="further kvbench throughput overrides for every part")
+    args = ap.parse_args()
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        sys.exit(f"bench_throughput: unknown part(s) {', '.join(unknown)}; valid: {', '.join(PARTS)}")
+    if not args.render_only:
+        for name in parts:
+            run_part(name, args.steps, args.repeats, args.extra, Path(args.out))
+    where = Path(args.out)
+    frames = {n: pd.read_csv(where / f"throughput_{n}.csv") for n in PARTS if (where / f"throughput_{n}.csv").is_file()}
+    if not frames:
+        sys.exit(f"bench_throughput: no throughput_*.csv in {where} to render; run without --render-only")
+    render(frames, Path(args.out))
+
+
+if __name__ == "__main__":
+    main()
