@@ -170,7 +170,8 @@ def test_model_digest_is_cached_not_rehashed(tmp_path, checkpoint, monkeypatch):
     original = identity.file_digest
     monkeypatch.setattr(identity, "file_digest", lambda p: calls.append(p) or original(p))
     assert identity.directory_digest(ckpt) == first and calls == []
-    (ckpt / "config.json").write_text((ckpt / "config.json").read_text() + "\n")
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-3}))  # content, not layout
     assert identity.directory_digest(ckpt) != first and [p.name for p in calls] == ["config.json"]
 
 
@@ -748,7 +749,8 @@ def test_model_directory_changed_while_loading_is_one_line(tmp_path, checkpoint,
 
     def load_then_edit(*a, **kw):
         model = original(*a, **kw)
-        (moving / "config.json").write_text((moving / "config.json").read_text() + "\n")
+        config = json.loads((moving / "config.json").read_text())
+        (moving / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-3}))  # a content change
         return model
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", load_then_edit)
