@@ -34,8 +34,8 @@ from kvbench.attention import NAME as ATTENTION
 from kvbench.attention import PendingKV, PendingRows, PendingStep
 from kvbench.capture import QueryRecorder
 from kvbench.errors import KVBenchError
-from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes
-from strategies.full import FullStore
+from kvbench.strategies.base import LayerCapture, LayerStore, Strategy, held_bytes
+from kvbench.strategies.full import FullStore
 
 REFERENCE_BYTES_PER_ELEMENT = 2  # measurement spec §1: memory reduction is against a dense 16-bit cache
 

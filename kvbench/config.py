@@ -81,7 +81,7 @@ class KVBenchConfig:
 def group_options(group: str) -> list[str]:
     """Selectable names of a config group (strategies include those registered by other packages)."""
     if group == "strategy":
-        import strategies
+        from kvbench import strategies
 
         return strategies.available()
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
@@ -160,7 +160,7 @@ def _field_default(f: dataclasses.Field) -> Any:
 
 def strategy_defaults(name: str) -> dict[str, Any]:
     """``{"name": name, <parameter>: <default>, ...}`` from the strategy's dataclass fields."""
-    import strategies
+    from kvbench import strategies
 
     cls = strategies.strategy_class(name)
     return {"name": name, **{f.name: _field_default(f) for f in dataclasses.fields(cls)}}  # type: ignore[arg-type]
@@ -168,7 +168,7 @@ def strategy_defaults(name: str) -> dict[str, Any]:
 
 def strategy_node(name: str) -> Any:
     """The typed config node of strategy ``name``, generated from its dataclass."""
-    import strategies
+    from kvbench import strategies
 
     cls = strategies.strategy_class(name)
     try:
@@ -281,7 +281,7 @@ def register_configs() -> None:
     Must run before Hydra composes kvbench's config, in every process that composes it."""
     from hydra.core.config_store import ConfigStore
 
-    import strategies
+    from kvbench import strategies
     from kvbench.tasks.base import task_names
 
     cs = ConfigStore.instance()
@@ -633,7 +633,7 @@ def node_params(node: Any) -> dict[str, Any]:
 
 
 def _param_names(name: str) -> set[str]:
-    import strategies
+    from kvbench import strategies
 
     return {f.name for f in dataclasses.fields(strategies.strategy_class(name))}  # type: ignore[arg-type]
 
@@ -646,7 +646,7 @@ def resolve_strategies(cfg: Any) -> list[Any]:
     wins over the shared one). Otherwise the single ``strategy`` node."""
     from omegaconf import DictConfig, OmegaConf
 
-    import strategies
+    from kvbench import strategies
 
     if cfg.get("strategies"):
         names = [str(n) for n in cfg.strategies]

@@ -40,11 +40,11 @@ from kvbench.errors import KVBenchError
 from kvbench.models import LoadedModel
 from kvbench.record import Record, StrategyResult
 from kvbench.spec import PeakMemory, Timer, fidelity, median, memory_reduction
+from kvbench.strategies.base import LayerCapture, RunContext, Strategy
 from kvbench.tasks.base import Sample
 from kvbench.tasks.metrics import normalize
 from kvbench.tasks.metrics import score as task_score
 from kvbench.workingset import WorkingSet
-from strategies.base import LayerCapture, RunContext, Strategy
 
 
 @dataclass
@@ -578,7 +578,7 @@ def changes_cache_while_decoding(strategy: Strategy) -> bool:
 
 
 def _full() -> Strategy:
-    from strategies.full import Full
+    from kvbench.strategies.full import Full
 
     return Full()
 

@@ -12,7 +12,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-import strategies
+from kvbench import strategies
 from kvbench.errors import KVBenchError
 
 

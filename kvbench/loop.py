@@ -21,8 +21,8 @@ from kvbench.baselines import stamp as _stamp_baseline
 from kvbench.engine import Engine, Prefill, context_of, query_window_for
 from kvbench.errors import KVBenchError
 from kvbench.record import StrategyResult
+from kvbench.strategies.base import Strategy
 from kvbench.tasks.base import Sample
-from strategies.base import Strategy
 
 #: ``progress(evaluations_done, strategy)``: called with 0 when ``strategy`` starts on a batch, and with the
 #: number of (sample, strategy) evaluations finished when it ends (``strategy`` empty for resumed samples).

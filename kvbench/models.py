@@ -237,7 +237,8 @@ def converted_smollm2_dir() -> Path:
     sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
     from kvbench.identity import directory_digest, sha256_file
 
-    record = {"source": EMBEDDED_GGUF, "source_sha256": sha256_file(src / EMBEDDED_GGUF) if (src / EMBEDDED_GGUF).is_file() else None, "files": sizes,
+    gguf = src / EMBEDDED_GGUF
+    record = {"source": EMBEDDED_GGUF, "source_sha256": sha256_file(gguf) if gguf.is_file() else None, "files": sizes,
               "content_digest": directory_digest(tmp), "packages": package_versions(CONVERSION_PACKAGES),
               "env": {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if k in os.environ}}
     (tmp / CONVERSION_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True))

@@ -34,7 +34,7 @@ def generate(model: Any, tokenizer: Any, context: str, question: str, strategy: 
     """The model's greedy answer to ``question`` after ``context`` was compressed by ``strategy``
     (``params``: its parameters, e.g. ``compression_ratio=0.75``). Raw text in, raw text out: apply a chat
     template to ``context``/``question`` first if the model expects one."""
-    import strategies
+    from kvbench import strategies
     from kvbench.arch import describe, nothing_to_compress
     from kvbench.config import strategy_params
 

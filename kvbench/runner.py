@@ -22,8 +22,8 @@ from kvbench.loop import run_samples
 from kvbench.models import load_model
 from kvbench.report import print_table, summarize
 from kvbench.results import ActiveWorker, RunStore, SampleClaims, environment, slug, stable_hash, warn
+from kvbench.strategies.base import Strategy
 from kvbench.tasks.base import Sample, build_samples
-from strategies.base import Strategy
 
 
 def resolve_strategies(cfg: DictConfig) -> list[Strategy]:

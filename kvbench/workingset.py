@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from strategies.base import held_bytes
+from kvbench.strategies.base import held_bytes
 
 WINDOW = "kvbench.attention"
 

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
     from test_arch_matrix import FAMILIES, REFUSED, _sample, tiny
 
-    import strategies
+    from kvbench import strategies
     from kvbench.arch import capabilities, strategy_refusal, unsupported
     from kvbench.config import strategy_params
     from kvbench.engine import Engine

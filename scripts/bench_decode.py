@@ -44,11 +44,12 @@ from typing import Any
 
 import pandas as pd
 import torch
+from kvbench.strategies.base import held_bytes
 from omegaconf import OmegaConf
 from transformers import DynamicCache
 
-import strategies as registry
 from kvbench import attention
+from kvbench import strategies as registry
 from kvbench.attention import NAME
 from kvbench.config import strategy_params
 from kvbench.engine import Engine, attached, query_window_for
@@ -57,7 +58,6 @@ from kvbench.models import load_model
 from kvbench.results import atomic_write_text
 from kvbench.tasks.base import build_samples
 from kvbench.workingset import WorkingSet
-from strategies.base import held_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 GB = 1e9

@@ -44,7 +44,7 @@ import pandas as pd
 import torch
 from omegaconf import OmegaConf
 
-import strategies as registry
+from kvbench import strategies as registry
 from kvbench.engine import Engine, query_window_for
 from kvbench.loop import batches, run_samples
 from kvbench.models import load_model

@@ -35,7 +35,7 @@ def worker(mode: str, spec: str, context: int, chunk: int) -> dict:
     import psutil
     import torch
 
-    import strategies as registry
+    from kvbench import strategies as registry
     from kvbench.cache import KVBenchCache
     from kvbench.engine import Engine, query_window_for
     from kvbench.models import load_model

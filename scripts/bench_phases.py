@@ -67,13 +67,16 @@ def worker(context: int, names: list[str], samples: int) -> dict:
         return out
 
     def imports() -> None:
-        import strategies  # noqa: F401
-        from kvbench import engine, models  # noqa: F401
+        from kvbench import (  # noqa: F401
+            engine,
+            models,
+            strategies,  # noqa: F401
+        )
 
     phase("imports", imports, "transformers, kvbench, strategies (torch was loaded before)", track=False)
     import torch
 
-    import strategies as registry
+    from kvbench import strategies as registry
     from kvbench.engine import Engine, attached, query_window_for
     from kvbench.footprint import unique_bytes, weight_bytes
     from kvbench.models import load_model

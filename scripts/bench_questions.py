@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 from omegaconf import OmegaConf
 
-import strategies as registry
+from kvbench import strategies as registry
 from kvbench.engine import Engine
 from kvbench.loop import run_samples
 from kvbench.models import load_model

@@ -50,7 +50,7 @@ def measure(names: list[str], tokens: int, steps: int, weight_bytes: int | None 
     layer's) copied before each layer's step, "checksum": sum of every K/V read}}`` for this process's tree."""
     import torch
 
-    import strategies
+    from kvbench import strategies
 
     torch.set_num_threads(1)
     layers, heads, dim = SHAPE["layers"], SHAPE["kv_heads"], SHAPE["head_dim"]

@@ -19,9 +19,10 @@ import sys
 from importlib.metadata import entry_points
 from typing import Any
 
+from kvbench.strategies._eviction import ScorerStrategy
+from kvbench.strategies.base import LayerCapture, LayerStore, Strategy
+
 from kvbench.errors import KVBenchError
-from strategies._eviction import ScorerStrategy
-from strategies.base import LayerCapture, LayerStore, Strategy
 
 __all__ = ["LayerCapture", "LayerStore", "ScorerStrategy", "Strategy", "attention_guided", "available", "build",
            "family_names", "strategy_class"]

@@ -43,12 +43,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from kvbench.strategies.base import LayerCapture, LayerStore, RunContext, Strategy, require
+from kvbench.strategies.full import FullStore
 from torch import nn
 
 from kvbench.errors import KVBenchError
 from kvbench.quantizers import gather_tokens
-from strategies.base import LayerCapture, LayerStore, RunContext, Strategy, require
-from strategies.full import FullStore
 
 QUERY_CHUNK = 256  # queries per block when summing attention over the whole prefix (H2O)
 

@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+from kvbench.strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
 
 import kvbench.blockattn as blockattn
 from kvbench.blockattn import Dense
 from kvbench.errors import KVBenchError
 from kvbench.quantizers import TokenChunk, gather_tokens, quantize_asymmetric
-from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
 
 GROUP_SIZES = (8, 16, 32, 64, 128, 256)
 KIVI_LAYOUTS = ("kivi", "window")

@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from kvbench.strategies._quantstore import GROUP_SIZES, QuantizedStore, channel_group
+from kvbench.strategies.base import LayerStore, Strategy, require
 
 from kvbench.quantizers import TokenChunk, quantize_bfp
-from strategies._quantstore import GROUP_SIZES, QuantizedStore, channel_group
-from strategies.base import LayerStore, Strategy, require
 
 MANTISSA_BITS = (4, 8)
 

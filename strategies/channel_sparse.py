@@ -36,11 +36,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from kvbench.strategies._quantstore import WorkingCopy, working_copy_enabled
+from kvbench.strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
 
 from kvbench.errors import KVBenchError
 from kvbench.quantizers import AsymmetricQuant, check_finite, gather_tokens, quantize_asymmetric
-from strategies._quantstore import WorkingCopy, working_copy_enabled
-from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
 
 MODES = ("prune", "outlier")
 OUTLIER_BITS = (4, 8)

@@ -25,10 +25,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import strategies
-from strategies._eviction import EvictionStrategy
-from strategies.base import LayerStore, RunContext, Strategy, require
-from strategies.full import FullStore
+from kvbench.strategies._eviction import EvictionStrategy
+from kvbench.strategies.base import LayerStore, RunContext, Strategy, require
+from kvbench.strategies.full import FullStore
+
+from kvbench import strategies
 
 QUANTIZER_FAMILIES = ("quantization", "baseline")
 

@@ -26,11 +26,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+from kvbench.strategies._quantstore import ChunkList, WorkingCopy, working_copy_enabled
+from kvbench.strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
 
 import kvbench.blockattn as blockattn
 from kvbench.quantizers import FP8_FORMATS, FP8_SCALES, Fp8Quant, fp8_scale, gather_tokens, quantize_fp8
-from strategies._quantstore import ChunkList, WorkingCopy, working_copy_enabled
-from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
 
 
 class Fp8Store(LayerStore):

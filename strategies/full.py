@@ -6,9 +6,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+from kvbench.strategies.base import LayerCapture, LayerStore, Strategy
 
 from kvbench.quantizers import gather_tokens
-from strategies.base import LayerCapture, LayerStore, Strategy
 
 #: Token slots reserved past the held tokens whenever a store grows, so the appends that follow (the rest of a
 #: question, the decode steps) write in place: concatenating, as transformers' ``DynamicLayer`` does, copies

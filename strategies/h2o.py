@@ -25,10 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from kvbench.strategies._eviction import EvictionPolicy, EvictionStrategy, attention_column_sums, require_bool
+from kvbench.strategies.base import LayerCapture, require
 
 from kvbench.errors import KVBenchError
-from strategies._eviction import EvictionPolicy, EvictionStrategy, attention_column_sums, require_bool
-from strategies.base import LayerCapture, require
 
 
 class _HeavyHitters(EvictionPolicy):

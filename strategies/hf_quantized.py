@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from kvbench.strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
 
 from kvbench.errors import KVBenchError
-from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
 
 BACKENDS = {
     # backend: (valid nbits, valid axes, pip command). transformers also lets through quanto axis -1 and

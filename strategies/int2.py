@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strategies._quantstore import KiviStrategy
+from kvbench.strategies._quantstore import KiviStrategy
 
 
 @dataclass

@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from kvbench.strategies._quantstore import GROUP_SIZES, QuantizedStore, channel_group
+from kvbench.strategies.base import LayerStore, Strategy, require
 
 from kvbench.quantizers import AXES, SymmetricInt8, TokenChunk, quantize_int8
-from strategies._quantstore import GROUP_SIZES, QuantizedStore, channel_group
-from strategies.base import LayerStore, Strategy, require
 
 
 class Int8Store(QuantizedStore):

@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from strategies._eviction import ScorerStrategy
-from strategies.base import LayerCapture
+from kvbench.strategies._eviction import ScorerStrategy
+from kvbench.strategies.base import LayerCapture
 
 
 @dataclass

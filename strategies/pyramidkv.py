@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strategies._eviction import fit_masks_to_layers
-from strategies.base import RunContext, require
-from strategies.snapkv import SnapKV
+from kvbench.strategies._eviction import fit_masks_to_layers
+from kvbench.strategies.base import RunContext, require
+from kvbench.strategies.snapkv import SnapKV
 
 
 def pyramid_budgets(n: int, mean_keep: float, window: int, num_layers: int, beta: float) -> list[int]:

@@ -36,14 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
-
-import kvbench.blockattn as blockattn
-from kvbench.blockattn import Dense
-from kvbench.errors import KVBenchError
-from kvbench.quantizers import TokenChunk
-from strategies._quantstore import Stream, StreamViews, working_copy_enabled
-from strategies._tiers import (
+from kvbench.strategies._quantstore import Stream, StreamViews, working_copy_enabled
+from kvbench.strategies._tiers import (
     StoreGroup,
     join_group,
     modelled_recompute,
@@ -52,7 +46,13 @@ from strategies._tiers import (
     relative_error,
     run_profile,
 )
-from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
+from kvbench.strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
+from torch import nn
+
+import kvbench.blockattn as blockattn
+from kvbench.blockattn import Dense
+from kvbench.errors import KVBenchError
+from kvbench.quantizers import TokenChunk
 
 
 def recompute_flops(model: nn.Module, tokens: int, batch: int = 1) -> int:

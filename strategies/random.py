@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from strategies._eviction import ScorerStrategy, require_int
-from strategies.base import LayerCapture
+from kvbench.strategies._eviction import ScorerStrategy, require_int
+from kvbench.strategies.base import LayerCapture
 
 
 @dataclass

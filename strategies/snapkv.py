@@ -34,9 +34,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
-from strategies._eviction import EvictionPolicy, EvictionStrategy, attention_probs, require_int
-from strategies.base import LayerCapture, require
+from kvbench.strategies._eviction import EvictionPolicy, EvictionStrategy, attention_probs, require_int
+from kvbench.strategies.base import LayerCapture, require
 
 POOLINGS = ("max", "avg", "none")
 #: Observation-window defaults of each reference implementation (see the module docstring).

@@ -25,11 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from kvbench.strategies._eviction import EvictingStore, EvictionPolicy, EvictionStrategy, require_bool, require_int
+from kvbench.strategies.base import LayerCapture, LayerStore, Strategy
+from kvbench.strategies.full import FullStore
 
 from kvbench.errors import KVBenchError
-from strategies._eviction import EvictingStore, EvictionPolicy, EvictionStrategy, require_bool, require_int
-from strategies.base import LayerCapture, LayerStore, Strategy
-from strategies.full import FullStore
 
 
 class _SinksAndWindow(EvictionPolicy):

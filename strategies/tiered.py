@@ -42,11 +42,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from kvbench.errors import KVBenchError
-from kvbench.quantizers import SymmetricInt8, gather_tokens, quantize_int8
-from strategies._quantstore import WorkingCopy, working_copy_enabled
-from strategies._tiers import (
+from kvbench.strategies._quantstore import WorkingCopy, working_copy_enabled
+from kvbench.strategies._tiers import (
     DiskPacket,
     HostPacket,
     Packet,
@@ -57,7 +54,10 @@ from strategies._tiers import (
     run_profile,
     timed_read,
 )
-from strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
+from kvbench.strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
+
+from kvbench.errors import KVBenchError
+from kvbench.quantizers import SymmetricInt8, gather_tokens, quantize_int8
 
 _SERIAL = itertools.count()
 Read = tuple[list[torch.Tensor], float]  # a block's tensors in compute memory, and the seconds the read took

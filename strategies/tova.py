@@ -23,9 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from strategies._eviction import EvictionPolicy, EvictionStrategy, attention_probs, require_bool
-from strategies.base import LayerCapture
+from kvbench.strategies._eviction import EvictionPolicy, EvictionStrategy, attention_probs, require_bool
+from kvbench.strategies.base import LayerCapture
 
 
 class _LastQueryAttention(EvictionPolicy):

@@ -34,7 +34,7 @@ import torch
 import transformers as tf
 import yaml
 
-import strategies
+from kvbench import strategies
 from kvbench.arch import VERIFIED, capabilities, describe, layer_kinds, strategy_refusal, unsupported
 from kvbench.cache import KVBenchCache, WindowStore
 from kvbench.capture import QueryRecorder
@@ -266,8 +266,9 @@ def test_full_bytes_equal_transformers_cache(family: str) -> None:
 def test_attention_sinks_match_gpt_oss_eager_attention() -> None:
     """GPT-OSS's sink logits: kvbench's attention equals the model's eager attention on a full cache (prefill and
     a decode step), and the scores attention-scored strategies read equal the eager attention weights."""
+    from kvbench.strategies._eviction import attention_column_sums, attention_probs
+
     from kvbench.attention import use
-    from strategies._eviction import attention_column_sums, attention_probs
 
     ids = torch.tensor([_sample().prefix_ids[:100]])  # longer than SHORT_QUERY: sinks keep prefill off SDPA
     eager, fast = tiny("gpt_oss"), tiny("gpt_oss")

@@ -18,8 +18,7 @@ from functools import cache
 import pytest
 import torch
 
-import strategies
-from kvbench import attention, blockattn
+from kvbench import attention, blockattn, strategies
 from kvbench.engine import Engine, query_window_for
 from kvbench.errors import KVBenchError
 from kvbench.models import ByteTokenizer, LoadedModel, tiny_llama

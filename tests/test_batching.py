@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-import strategies
+from kvbench import strategies
 from kvbench.engine import Engine, query_window_for
 from kvbench.errors import KVBenchError
 from kvbench.loop import batches, run_samples

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from kvbench.strategies.base import LayerCapture, LayerStore, Strategy
 
-import strategies
+from kvbench import strategies
 from kvbench.cache import KVBenchCache, RowsCache
 from kvbench.capture import QueryRecorder
 from kvbench.errors import KVBenchError
 from kvbench.quantizers import quantize_int8
-from strategies.base import LayerCapture, LayerStore, Strategy
 
 
 def _prefill_capture(model, ids):
@@ -220,7 +220,7 @@ def test_full_store_grows_in_place_without_touching_what_it_handed_out():
     """``FullStore.append`` writes into a reserve instead of concatenating: the held tokens equal the
     concatenation at every step, a tensor handed out earlier (to attention, or the shared capture it was
     built from) never changes, and ``compact`` (after a chunked-prefill chunk) drops the reserve."""
-    from strategies.full import RESERVE_TOKENS, FullStore
+    from kvbench.strategies.full import RESERVE_TOKENS, FullStore
 
     g = torch.Generator().manual_seed(0)
     shared_k, shared_v = torch.randn(1, 2, 10, 4, generator=g), torch.randn(1, 2, 10, 4, generator=g)

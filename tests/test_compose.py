@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from kvbench.strategies._eviction import EvictingStore, keep_count
+from kvbench.strategies.base import LayerCapture, LayerStore, RunContext, Strategy
 
-import strategies
+from kvbench import strategies
 from kvbench.cache import KVBenchCache
 from kvbench.errors import KVBenchError
-from strategies._eviction import EvictingStore, keep_count
-from strategies.base import LayerCapture, LayerStore, RunContext, Strategy
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

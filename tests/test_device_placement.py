@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kvbench.strategies.base import RunContext
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-import strategies
+from kvbench import strategies
 from kvbench.cache import KVBenchCache
 from kvbench.models import tiny_llama
-from strategies.base import RunContext
 
 aten = torch.ops.aten
 DEVICE = torch.device("privateuseone", 0)

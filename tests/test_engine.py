@@ -7,15 +7,15 @@ import json
 
 import pytest
 import torch
+from kvbench.strategies.base import RunContext
 
-import strategies
+from kvbench import strategies
 from kvbench.engine import Engine, query_window_for
 from kvbench.loop import run_samples
 from kvbench.models import ByteTokenizer, LoadedModel
 from kvbench.record import FIELDS, MEASURED_FIELDS, Record
 from kvbench.results import RunStore
 from kvbench.tasks.base import Sample
-from strategies.base import RunContext
 
 
 def _samples(n: int = 3) -> list[Sample]:

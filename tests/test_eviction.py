@@ -9,22 +9,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AttentionInterface, DynamicCache
-
-import strategies
-from kvbench.cache import KVBenchCache
-from kvbench.capture import QueryRecorder
-from kvbench.errors import KVBenchError
-from kvbench.models import tiny_llama
-from strategies._eviction import (
+from kvbench.strategies._eviction import (
     EvictingStore,
     attention_column_sums,
     attention_probs,
     keep_count,
     select_keep,
 )
-from strategies.base import LayerCapture, RunContext
-from strategies.pyramidkv import pyramid_budgets
+from kvbench.strategies.base import LayerCapture, RunContext
+from kvbench.strategies.pyramidkv import pyramid_budgets
+from transformers import AttentionInterface, DynamicCache
+
+from kvbench import strategies
+from kvbench.cache import KVBenchCache
+from kvbench.capture import QueryRecorder
+from kvbench.errors import KVBenchError
+from kvbench.models import tiny_llama
 
 #: Every registered eviction strategy, plugins on sys.path included: a new one is never left out.
 EVICTION = strategies.family_names("eviction")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kvbench.engine as engine_module
-import strategies
+from kvbench import strategies
 from kvbench.engine import Engine, changes_cache_while_decoding, query_window_for
 from kvbench.models import ByteTokenizer, LoadedModel
 from kvbench.tasks.base import Sample

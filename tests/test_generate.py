@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kvbench
-import strategies
+from kvbench import strategies
 from kvbench.cache import KVBenchCache
 from kvbench.errors import KVBenchError
 from kvbench.models import ByteTokenizer

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kvbench.strategies.base import RunContext
 from omegaconf import OmegaConf
 
-import strategies
+from kvbench import strategies
 from kvbench.cache import KVBenchCache
 from kvbench.config import conf_dir
 from kvbench.errors import KVBenchError
 from kvbench.hardware import HardwareProfile, check_available
 from kvbench.spec import PeakMemory, Timer
-from strategies.base import RunContext
 
 #: Parameters a strategy needs to fit the tiny model (head_dim 16); the rest run at their defaults.
 TINY_PARAMS: dict[str, dict] = {"quant_recompute": {"group_size": 16}}

@@ -47,7 +47,7 @@ def _sweep_jobs(name: str, extra: list[str]) -> list[list[str]]:
 
 def _old_leaderboard_jobs(results_dir: str = "results") -> list[list[str]]:
     """scripts/reproduce_leaderboard.sh's `cell` at its defaults (JOBS=1, ROUND=0): one run per (task, setting)."""
-    import strategies
+    from kvbench import strategies
 
     names = ",".join(strategies.available())
     return [[f"strategies=[{names}]", f"task={task}", f"task.query_aware={qa}", "task.n_samples=100",
@@ -73,7 +73,7 @@ def _old_eviction_jobs(results_dir: str) -> list[list[str]]:
 def test_leaderboard_sweep_is_the_grid_the_script_ran():
     """Query-aware jobs are the script's (same composed configs); query-agnostic ones carry 4 questions per context, 25
     contexts per task (100 questions), a new grid by design."""
-    import strategies
+    from kvbench import strategies
 
     old = _old_leaderboard_jobs()
     new = _sweep_jobs("leaderboard", ["results_dir=results"])  # the wrapper's --results-dir
@@ -104,7 +104,7 @@ def test_leaderboard_sweep_is_the_grid_the_script_ran():
 
 
 def test_eviction_sweep_is_the_committed_grid(tmp_path):
-    import strategies
+    from kvbench import strategies
 
     out = str(tmp_path / "eviction")
     old, new = _old_eviction_jobs(out), _sweep_jobs("eviction", [f"results_dir={out}"])

@@ -352,7 +352,7 @@ def test_a_garbage_parquet_does_not_break_the_leaderboard(capsys, tmp_path, stor
 
 
 def test_concurrent_workers_split_samples_and_flag_contended_timings(tmp_path, tiny_model):
-    import strategies
+    from kvbench import strategies
     from kvbench.engine import Engine
     from kvbench.loop import run_samples
     from kvbench.models import ByteTokenizer, LoadedModel

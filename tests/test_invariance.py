@@ -18,7 +18,7 @@ import pytest
 import torch
 import yaml
 
-import strategies
+from kvbench import strategies
 from kvbench.config import strategy_params
 from kvbench.engine import Engine
 from kvbench.hardware import HardwareProfile

@@ -482,7 +482,7 @@ def test_inline_markdown_escapes_html():
 
 
 def test_short_label_keeps_only_what_differs_from_the_defaults():
-    import strategies
+    from kvbench import strategies
     from kvbench.labels import short_label, split_label
 
     for name in strategies.available():  # every strategy at its defaults is just its name

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-import strategies
+from kvbench import strategies
 from kvbench.cache import KVBenchCache
 from kvbench.engine import Engine, attached, can_clone, clone_cache, query_window_for
 from kvbench.loop import run_samples

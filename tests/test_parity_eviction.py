@@ -20,10 +20,10 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from kvbench.strategies._eviction import EvictingStore
+from kvbench.strategies.base import LayerCapture
 
-import strategies
-from strategies._eviction import EvictingStore
-from strategies.base import LayerCapture
+from kvbench import strategies
 
 B, HQ, HKV, N, D = 2, 4, 2, 40, 8
 SCALING = D ** -0.5

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kvbench.strategies.base import LayerCapture, held_bytes
 
-import strategies
-from strategies.base import LayerCapture, held_bytes
+from kvbench import strategies
 
 WITH_REFERENCE = [n for n in strategies.available()
                   if callable(getattr(strategies.strategy_class(n), "reference", None))]

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import strategies
-from kvbench import cli
+from kvbench import cli, strategies
 from kvbench.results import read_store
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kvbench.strategies.base import RunContext
+from kvbench.strategies.quant_recompute import QuantRecomputeStore, recompute_flops
 
-import strategies
+from kvbench import strategies
 from kvbench.cache import KVBenchCache
 from kvbench.errors import KVBenchError
 from kvbench.hardware import HardwareProfile
 from kvbench.quantizers import quantize_asymmetric
-from strategies.base import RunContext
-from strategies.quant_recompute import QuantRecomputeStore, recompute_flops
 
 
 def _bound(model, ids, params, hardware=None):

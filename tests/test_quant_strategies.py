@@ -11,13 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from kvbench.strategies.base import LayerCapture, held_bytes
 
-import strategies
+from kvbench import strategies
 from kvbench.cache import KVBenchCache
 from kvbench.capture import QueryRecorder
 from kvbench.errors import KVBenchError
 from kvbench.quantizers import gather_tokens, quantize_asymmetric
-from strategies.base import LayerCapture, held_bytes
 
 QUANT = ["int8", "int4", "int2", "fp8", "bfp", "channel_sparse", "hf_quantized"]
 CONF = Path(__file__).resolve().parents[1] / "conf" / "strategy"
@@ -115,7 +115,7 @@ def test_bad_parameters_are_one_line_errors(name: str, params: dict, needle: str
 
 
 def test_missing_backend_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    import strategies.hf_quantized as hf
+    import kvbench.strategies.hf_quantized as hf
 
     monkeypatch.setattr(hf, "backend_available", lambda backend: False)
     with pytest.raises(KVBenchError, match=r"pip install --no-deps optimum-quanto"):

@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
+from kvbench.strategies.base import held_bytes
 
 from kvbench.spec import PeakMemory, accuracy_delta, bootstrap_mean_ci, fidelity, memory_reduction
-from strategies.base import held_bytes
 
 
 def test_memory_reduction_arithmetic():

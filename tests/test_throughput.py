@@ -111,7 +111,7 @@ def test_run_writes_one_row_per_strategy_budget_context_and_round(tmp_path):
 
 
 def test_synthetic_prefill_fills_each_store_in_chunks():
-    import strategies
+    from kvbench import strategies
     from kvbench.models import tiny_llama
 
     model = tiny_llama()

@@ -8,14 +8,14 @@ import os
 import numpy as np
 import pytest
 import torch
+from kvbench.strategies.base import RunContext
+from kvbench.strategies.tiered import TieredStore, attention_mass
 
-import strategies
+from kvbench import strategies
 from kvbench.cache import KVBenchCache
 from kvbench.capture import QueryRecorder
 from kvbench.errors import KVBenchError
 from kvbench.hardware import HardwareProfile
-from strategies.base import RunContext
-from strategies.tiered import TieredStore, attention_mass
 
 
 @pytest.fixture(autouse=True)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kvbench.strategies.base import LayerCapture, RunContext, held_bytes
 
-import strategies
+from kvbench import strategies
 from kvbench.quantizers import gather_tokens
-from strategies.base import LayerCapture, RunContext, held_bytes
 
 # Every quantized strategy that keeps a working copy, with settings that exercise flushes, rolling windows,
 # ragged channel groups and decode-time pruning within a short run (head_dim 16).
@@ -144,8 +144,9 @@ def test_chunk_list_counts_follow_its_pieces() -> None:
     """The token counts :class:`ChunkList` keeps beside its pieces (so a decode step does not ask every piece)
     stay equal to the pieces' own counts through binary-counter merges, a merge into one chunk and a reset,
     and the pieces decode to the tokens appended, in order."""
+    from kvbench.strategies._quantstore import ChunkList
+
     from kvbench.quantizers import quantize_int8
-    from strategies._quantstore import ChunkList
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(1, 2, 40, 16, generator=gen)

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import strategies
-from kvbench import blockattn
+from kvbench import blockattn, strategies
 from kvbench.engine import Engine, attached, query_window_for
 from kvbench.models import ByteTokenizer, LoadedModel, tiny_llama
 from kvbench.tasks.base import Sample
@@ -92,8 +91,9 @@ def test_full_working_set_equals_its_kv_bytes_within_a_block(monkeypatch):
 def test_a_dense_copy_is_seen(monkeypatch):
     """The measurement sees what the stored bytes do not: int8 read densely through SDPA keeps a dequantized
     working copy (scratch), and without one (``working_copy=False``) decodes everything inside attention."""
+    from kvbench.strategies.base import RunContext
+
     from kvbench import attention
-    from strategies.base import RunContext
 
     monkeypatch.setattr(blockattn, "BLOCK_TOKENS", BLOCK)
     model = tiny_llama(seed=0)
@@ -119,8 +119,9 @@ def test_embedded_model_greedy_tokens_equal_dequantize_then_attend(smollm, name,
     """SmolLM2-135M (bf16), a 400-token ``legal`` context read in blocks of 128: the store attending over its
     codes gives the greedy tokens of the same attention over its dequantized K/V (``LayerStore.attend``'s
     default, which reads what ``append`` returns)."""
+    from kvbench.strategies.base import LayerStore
+
     from kvbench.config import strategy_params
-    from strategies.base import LayerStore
 
     monkeypatch.setattr(blockattn, "BLOCK_TOKENS", 128)
     from omegaconf import OmegaConf

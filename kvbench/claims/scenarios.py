@@ -39,8 +39,8 @@ from kvbench.claims.figures import (
     ties_of,
 )
 from kvbench.paired import FAILS, HOLDS, UNDETERMINED, noninferiority
+from kvbench.strategies import attention_guided
 from kvbench.vocab import BASELINE, OVERALL, QUERY_AWARE, in_setting, sample_depth, settings
-from strategies import attention_guided
 
 #: "Early" facts sit in the first third of the text, "end-of-text" facts in the last third.
 EARLY_DEPTH, LATE_DEPTH = 1 / 3, 2 / 3

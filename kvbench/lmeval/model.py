@@ -81,7 +81,7 @@ def strategy_params_from_arg(value: Any) -> dict[str, Any]:
 def build_strategy(name: str, params: dict[str, Any] | None = None) -> Any:
     """The strategy ``python -m kvbench strategy=NAME`` would run: its dataclass defaults, overridden by ``params``
     (merged deeply, so ``{"evict_params": {"budget_tokens": 64}}`` keeps compose's other defaults)."""
-    import strategies
+    from kvbench import strategies
     from kvbench.config import strategy_params
 
     return strategies.build(name, strategy_params(name, params))
