@@ -50,14 +50,18 @@ def kvbench_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     b, hq, q, d = query.shape
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     softcap = kwargs.get("softcap")
+    # The store attends over its own storage unless sink logits join the softmax (GPT-OSS): the block reader has
+    # no sink column, so those layers read dense K/V below (sinks are verified against eager there).
     if isinstance(key, PendingKV) and q <= SHORT_QUERY and not (dropout and module.training) \
-            and kwargs.get("position_bias") is None:
+            and kwargs.get("position_bias") is None and sinks is None:
         # A kvbench cache's step: the store appends the new tokens and attends over its own storage.
         if attention_mask is None and causal and q > 1:  # the new tokens are the last q of the held + new
             total = key.step.held() + q
             attention_mask = torch.ones(q, total, dtype=torch.bool, device=query.device).tril(total - q)
         out = key.step.attend(query, attention_mask, d ** -0.5 if scaling is None else scaling, softcap)
         return out.transpose(1, 2).contiguous(), None
+    if isinstance(key, PendingKV):  # read densely (sinks, a long query): the held tokens and the new ones
+        key, value = key.step.resolve()
     long_query = q > SHORT_QUERY or (attention_mask is None and causal and 1 < q != key.shape[-2])
     if softcap is None and sinks is None and (long_query or (dropout and module.training)
                             or kwargs.get("position_bias") is not None):

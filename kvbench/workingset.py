@@ -40,8 +40,11 @@ def cache_tensors(cache: Any) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
     for c in caches:
         for layer in c.layers:
-            out.extend(layer.store.tensors())
-            out.extend(layer.store.scratch_tensors())
+            store = getattr(layer, "store", None)
+            if store is None:  # a hybrid's recurrent layer: transformers' own state, not a store's
+                continue
+            out.extend(store.tensors())
+            out.extend(store.scratch_tensors())
     return out
 
 
