@@ -23,6 +23,9 @@ parts too, and each decodes only the block asked for or folds its scales into th
 Semantics are :func:`kvbench.attention.kvbench_attention_forward`'s: the mask (boolean or additive,
 ``[.., 1 or q_heads, q, kv]``) covers every token the runs hold, ``scaling`` and ``softcap`` as in eager
 attention, softmax in float32. Only the order of the float32 sums differs from one softmax over all tokens.
+A cache held as one dense tensor of the query's dtype (``full``, an eviction strategy's kept tokens) has
+nothing to decode and goes to PyTorch's fused SDPA kernel, which reads it in blocks itself: the same kernel as
+transformers' SDPA path, so such a store gives SDPA's output exactly, at SDPA's speed.
 """
 
 from __future__ import annotations
@@ -119,6 +122,11 @@ def attend(query: torch.Tensor, keys: TokenRun, values: TokenRun, mask: torch.Te
     """
     block = block or BLOCK_TOKENS
     b, hq, q, d = query.shape
+    dense = _one_dense(keys, values, query.dtype)
+    if dense is not None and softcap is None:
+        # Nothing to decode: PyTorch's fused SDPA kernel reads the tensor in blocks itself, and is transformers'
+        # own SDPA path, so an uncompressed store under kvbench attention gives SDPA's output bit for bit.
+        return _sdpa(query, *dense, mask, scaling)
     n = keys.num_tokens
     assert values.num_tokens == n, (keys.num_tokens, values.num_tokens)
     hkv = keys.heads
@@ -160,6 +168,35 @@ def attend(query: torch.Tensor, keys: TokenRun, values: TokenRun, mask: torch.Te
         return query.new_zeros(b, hq, q, d)
     assert run_sum is not None
     return _out(acc.div_(run_sum), query, b, hq, q, d)
+
+
+def _sdpa(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+          scaling: float) -> torch.Tensor:
+    """SDPA as transformers' ``sdpa_attention_forward`` calls it for grouped queries, without its ``repeat_kv``
+    copy: one query token's heads are packed along the query axis of their KV head (transformers' ``pack_gqa``),
+    longer queries use SDPA's own grouped mode."""
+    b, hq, q, d = query.shape
+    g = hq // k.shape[1]
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(query.dtype)
+    if g > 1 and q == 1 and mask is not None:
+        if mask.dim() == 4 and mask.shape[1] != 1:
+            mask = mask.reshape(mask.shape[0], hq // g, g, mask.shape[-1])
+        out = torch.nn.functional.scaled_dot_product_attention(query.reshape(b, hq // g, g, d), k, v,
+                                                               attn_mask=mask, scale=scaling)
+        return out.reshape(b, hq, 1, d)
+    return torch.nn.functional.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling,
+                                                            enable_gqa=g > 1)
+
+
+def _one_dense(keys: TokenRun, values: TokenRun, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The keys and values as two tensors of ``dtype`` when each run is one :class:`Dense` part of it."""
+    if len(keys.parts) != 1 or len(values.parts) != 1:
+        return None
+    k, v = keys.parts[0], values.parts[0]
+    if not (isinstance(k, Dense) and isinstance(v, Dense) and k.x.dtype == v.x.dtype == dtype):
+        return None
+    return k.x, v.x
 
 
 def _out(o: torch.Tensor, query: torch.Tensor, b: int, hq: int, q: int, d: int) -> torch.Tensor:

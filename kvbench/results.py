@@ -778,6 +778,17 @@ def _owner_alive(path: Path) -> bool | None:
     return _pid_alive(pid)
 
 
+def _unreadable_and_stale(path: Path, seconds: float = 60.0) -> bool:
+    """A claim with no readable owner (left by an older kvbench, interrupted between creating and writing it)
+    that has not changed for ``seconds``: nobody is writing it."""
+    if _owner_alive(path) is not None:
+        return False
+    try:
+        return time.time() - path.stat().st_mtime > seconds
+    except FileNotFoundError:
+        return False
+
+
 class ActiveWorker:
     """Registers this process in ``results_dir/.workers`` while it measures, so every worker can tell whether
     another kvbench worker was competing for the machine when it timed a sample."""
@@ -858,17 +869,13 @@ class SampleClaims:
         path = self._path(sid)
         self.dir.mkdir(parents=True, exist_ok=True)
         for _ in range(2):
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            except FileExistsError:
-                if _owner_alive(path) is False:
-                    path.unlink(missing_ok=True)  # a dead worker's claim: take it over
-                    continue
-                self.elsewhere.add(sid)
-                return True
-            with os.fdopen(fd, "w") as fh:
-                fh.write(json.dumps(_owner()))
-            break
+            if self._take(path):
+                break
+            if _owner_alive(path) is False or _unreadable_and_stale(path):
+                path.unlink(missing_ok=True)  # a dead worker's claim: take it over
+                continue
+            self.elsewhere.add(sid)
+            return True
         else:
             self.elsewhere.add(sid)
             return True
@@ -879,6 +886,30 @@ class SampleClaims:
         self.held[sid] = path
         self.contended_at_claim[sid] = self.worker.others() if self.worker else 0
         return False
+
+    @staticmethod
+    def _take(path: Path) -> bool:
+        """Create the claim with its owner already in it, or return False when it exists. The content is written
+        to a private file first and hard-linked into place (the link fails when the claim exists), so a claim is
+        never seen empty: an interrupt between creating and writing would otherwise leave one no worker could
+        tell from a live one."""
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(_owner()))
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links: create exclusively, then write
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "w") as fh:
+                fh.write(json.dumps(_owner()))
+            return True
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def write(self, records: list[dict[str, Any]]) -> None:
         ids = {str(r.get("sample_id")) for r in records}

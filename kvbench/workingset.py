@@ -24,7 +24,13 @@ activations (MLP, logits), which belong to the model, not the cache.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import gc
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -32,6 +38,36 @@ import torch
 from kvbench.strategies.base import held_bytes
 
 WINDOW = "kvbench.attention"
+
+# What PyTorch's CPU profiler (kineto) writes to the process's stderr on every start and stop, whatever its log
+# level, and the allocator's note that frees of older blocks are not seen (the bias the docstring of
+# :func:`_window_peaks` states). Neither is news to a user; every other line written meanwhile is passed on.
+_PROFILER_NOISE = re.compile(r"^(USDT|STAGE):.*SyncActivityProfilerHandler|^\[W.*CPUAllocator\.cpp.*unknown size")
+
+
+@contextlib.contextmanager
+def _profiler_quiet() -> Iterator[None]:
+    """Hold file descriptor 2 in a temporary file while the profiler runs, then replay all but its noise."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, ValueError, OSError):  # stderr replaced (pytest's capture, a notebook): nothing to do
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        os.dup2(held.fileno(), fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            held.seek(0)
+            for line in held.read().decode(errors="replace").splitlines(keepends=True):
+                if not _PROFILER_NOISE.search(line):
+                    sys.stderr.write(line)
+            sys.stderr.flush()
 
 
 def cache_tensors(cache: Any) -> list[torch.Tensor]:
@@ -62,6 +98,7 @@ class WorkingSet:
         self._hooks: list[Any] = []
         self._ranges: dict[int, list[Any]] = {}  # per module: a model run inside attention (a recompute) nests
         self._prof: Any = None
+        self._quiet: Any = None
         self._gc = True
 
     @property
@@ -103,6 +140,8 @@ class WorkingSet:
         if not self.cuda:
             from torch.profiler import ProfilerActivity, profile
 
+            self._quiet = _profiler_quiet()
+            self._quiet.__enter__()
             self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
             self._prof.__enter__()
         return self
@@ -114,7 +153,10 @@ class WorkingSet:
         if self._gc:
             gc.enable()
         if self._prof is not None:
-            self._prof.__exit__(*exc)
+            try:
+                self._prof.__exit__(*exc)
+            finally:
+                self._quiet.__exit__(None, None, None)
             if exc[0] is None:
                 self._peaks = _window_peaks(self._prof.profiler.kineto_results.events())
             self._prof = None

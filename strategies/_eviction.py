@@ -294,6 +294,19 @@ class EvictingStore(LayerStore):
             self.decode_evicted += n - budget
         return k_all, v_all
 
+    def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+               scaling: float, softcap: float | None = None) -> torch.Tensor:
+        """``LayerStore.attend``: a policy that chose its tokens at prefill and keeps every new one (no decode
+        budget) lets the inner store attend over its own storage (a quantizer's codes, block by block); one that
+        evicts while decoding scores the step's dense K/V, so it reads them through :meth:`append`."""
+        n_new = keys.shape[-2]
+        seen = self.seen + n_new
+        prompt = seen if n_new > 1 else self.prompt
+        if self.evict.decode_budget(seen, self.layer_idx, self.num_layers, prompt) is not None:
+            return super().attend(query, keys, values, mask, scaling, softcap)
+        self.seen, self.prompt, self._pending = seen, prompt, None
+        return self.inner.attend(query, keys, values, mask, scaling, softcap)
+
     def compact(self) -> None:
         """Chunked prefill: after each chunk, evict back to the prefill budget, scored with its queries.
 

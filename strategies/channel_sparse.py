@@ -23,9 +23,15 @@ its range on them. Applied to keys and values alike; decoded tokens reuse the pr
 Bits per element: ``(k * 16 + (D - k) * b + 32) / D`` — 5.25 at D = 64, k = 4, b = 4.
 
 Both modes encode tokens independently, so tokens can be dropped exactly. ``stats()`` reports
-``kept_fraction`` (prune: key channels kept; outlier: channels held in 16 bits). Unless the run context
-sets ``working_copy=False``, the keys attention reads (and outlier mode's decoded values) are kept as
-harness scratch, so a step decodes only its new tokens (see ``strategies/_quantstore.py``).
+``kept_fraction`` (prune: key channels kept; outlier: channels held in 16 bits).
+
+Attention reads the store as it is held (``LayerStore.attend``, :mod:`kvbench.blockattn`): in prune mode the
+query's kept channels meet the pruned keys' kept columns (the dropped channels contribute nothing, so no
+zero-filled copy is made); in outlier mode the query, permuted once, meets the 16-bit channels and one decoded
+block of the low-bit ones, and the values' two parts are scattered back into channel order per block. Only a
+dense read (``append``: SDPA or eager attention, long passes) makes the working copy (harness scratch, unless
+the run context sets ``working_copy=False``), so later dense reads decode only their new tokens (see
+``strategies/_quantstore.py``).
 """
 
 from __future__ import annotations
@@ -36,9 +42,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from kvbench.strategies._quantstore import WorkingCopy, working_copy_enabled
+from kvbench.strategies._quantstore import ChunkList, WorkingCopy, working_copy_enabled
 from kvbench.strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
 
+from kvbench import blockattn
 from kvbench.errors import KVBenchError
 from kvbench.quantizers import AsymmetricQuant, check_finite, gather_tokens, quantize_asymmetric
 
@@ -70,6 +77,32 @@ def _expand(idx: torch.Tensor, tokens: int) -> torch.Tensor:
     return idx.long().unsqueeze(-2).expand(*idx.shape[:-1], tokens, idx.shape[-1])
 
 
+@dataclass
+class _Rows:
+    """Consecutive tokens of one tensor as held: outlier mode's 16-bit channels (``dense``) and low-bit codes of
+    the others (``rest``), or prune mode's dense values (``rest`` None). A piece of a ``ChunkList``, so a decode
+    step adds a piece instead of copying everything held (a concatenation would double the tensor for a moment,
+    the largest temporary of the step)."""
+
+    dense: torch.Tensor
+    rest: AsymmetricQuant | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.dense.shape[-2])
+
+    def cat(self, other: _Rows) -> _Rows:
+        rest = None if self.rest is None or other.rest is None else self.rest.cat(other.rest)
+        return _Rows(torch.cat([self.dense, other.dense], dim=-2), rest)  # type: ignore[arg-type]
+
+    def take(self, index: torch.Tensor) -> _Rows:
+        rest = None if self.rest is None else self.rest.take(index)
+        return _Rows(gather_tokens(self.dense, index, -2), rest)  # type: ignore[arg-type]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.dense, *([] if self.rest is None else self.rest.tensors())]
+
+
 class _OutlierSplit:
     """One tensor (K or V) as 16-bit outlier channels plus per-token low-bit codes of the other channels."""
 
@@ -83,45 +116,105 @@ class _OutlierSplit:
         magnitude = x.abs().amax(dim=-2).float()  # [b, h, d]
         # Outliers first (largest magnitude), then the rest: one permutation serves both directions.
         self.perm = torch.argsort(magnitude, dim=-1, descending=True, stable=True).to(INDEX_DTYPE)
-        self.dense: torch.Tensor | None = None
-        self.rest: AsymmetricQuant | None = None
-        self.work = WorkingCopy() if working else None
+        self.rows = ChunkList()
+        self.working = working
+        self.work: WorkingCopy | None = None  # made by the first dense read (dequantize)
+        self._q: torch.Tensor | None = None
         self.add(x)
 
     def add(self, x: torch.Tensor) -> None:
         check_finite(x)
         xp = torch.gather(x, -1, _expand(self.perm, x.shape[-2]))
         # Copies, not views: a view would keep the whole permuted tensor alive.
-        dense = xp[..., :self.k].clone(memory_format=torch.contiguous_format)
-        rest = quantize_asymmetric(xp[..., self.k:], self.bits, xp.shape[-1] - self.k, "token")
-        if self.dense is None or self.rest is None:
-            self.dense, self.rest = dense, rest
-        else:
-            self.dense = torch.cat([self.dense, dense], dim=-2)
-            self.rest = self.rest.cat(rest)  # type: ignore[assignment]
+        rows = _Rows(xp[..., :self.k].clone(memory_format=torch.contiguous_format),
+                     quantize_asymmetric(xp[..., self.k:], self.bits, xp.shape[-1] - self.k, "token"))
+        self.rows.append(rows)  # type: ignore[arg-type]
         if self.work is not None:
-            self.work.append(self._decode(dense, rest))
+            self.work.append(self._decode(rows))
 
-    def _decode(self, dense: torch.Tensor, rest: AsymmetricQuant) -> torch.Tensor:
-        combined = torch.cat([dense.to(self.dtype), rest.dequantize(self.dtype)], dim=-1)
+    def _decode(self, rows: _Rows) -> torch.Tensor:
+        assert rows.rest is not None
+        combined = torch.cat([rows.dense.to(self.dtype), rows.rest.dequantize(self.dtype)], dim=-1)
         return torch.empty_like(combined).scatter_(-1, _expand(self.perm, combined.shape[-2]), combined)
 
     def dequantize(self) -> torch.Tensor:
-        assert self.dense is not None and self.rest is not None
+        rows = self.rows.merged()
+        assert rows is not None
+        if self.work is None and self.working:
+            self.work = WorkingCopy()
+            self.work.append(self._decode(rows))  # type: ignore[arg-type]
         if self.work is not None:
             return self.work.view()
-        return self._decode(self.dense, self.rest)
+        return self._decode(rows)  # type: ignore[arg-type]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.rows.num_tokens
+
+    def parts(self) -> list[blockattn.Part]:
+        """The held pieces as parts of a ``blockattn.TokenRun``, read without a dense copy."""
+        return [_OutlierPart(self, rows) for rows in self.rows.pieces]  # type: ignore[misc]
+
+    def permuted(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[b, h, m, d]`` in stored channel order (outliers first); one gather per query, not per block."""
+        if self._q is not x:
+            self._q, self._qp = x, torch.gather(x, -1, _expand(self.perm, x.shape[-2]))
+        return self._qp
 
     def take(self, index: torch.Tensor) -> None:
-        assert self.dense is not None and self.rest is not None
-        self.dense = gather_tokens(self.dense, index, -2)
-        self.rest = self.rest.take(index)  # type: ignore[assignment]
+        rows = self.rows.merged()
+        assert rows is not None
+        self.rows.set(rows.take(index))  # type: ignore[arg-type, attr-defined]
         if self.work is not None:
             self.work.replace(gather_tokens(self.work.view(), index, -2))
 
     def tensors(self) -> list[torch.Tensor]:
-        assert self.dense is not None and self.rest is not None
-        return [self.perm, self.dense, *self.rest.tensors()]
+        return [self.perm, *self.rows.tensors()]
+
+
+class _OutlierPart:
+    """A piece of an outlier split, read one block at a time: the permuted query's first ``k`` channels meet
+    the 16-bit channels and its others one decoded block of codes; a block's weighted values are scattered
+    back into channel order."""
+
+    def __init__(self, split: _OutlierSplit, rows: _Rows) -> None:
+        self.split, self.rows = split, rows
+        self.num_tokens = rows.num_tokens
+
+    def scores(self, q: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        k, rest = self.split.k, self.rows.rest
+        assert rest is not None
+        qp = self.split.permuted(q)
+        s = torch.matmul(qp[..., :k], self.rows.dense[..., start:stop, :].to(q.dtype).transpose(-1, -2))
+        return s.add_(torch.matmul(qp[..., k:], rest.decode(q.dtype, start, stop).transpose(-1, -2)))
+
+    def weighted(self, p: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        rest = self.rows.rest
+        assert rest is not None
+        out = torch.cat([torch.matmul(p, self.rows.dense[..., start:stop, :].to(p.dtype)),
+                         torch.matmul(p, rest.decode(p.dtype, start, stop))], dim=-1)
+        return torch.empty_like(out).scatter_(-1, _expand(self.split.perm, out.shape[-2]), out)
+
+
+class _KeptColumns:
+    """Pruned keys as a part of a ``blockattn.TokenRun``: the query's kept channels times the kept columns, which
+    is the zero-filled key's product without the zeros (ThinK's pruned q·k)."""
+
+    def __init__(self, kept: torch.Tensor, keys: torch.Tensor) -> None:
+        self.kept, self.keys = kept, keys
+        self._q: torch.Tensor | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.keys.shape[-2])
+
+    def scores(self, q: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        if self._q is not q:
+            self._q, self._qk = q, torch.gather(q, -1, _expand(self.kept, q.shape[-2]))
+        return torch.matmul(self._qk, self.keys[..., start:stop, :].to(q.dtype).transpose(-1, -2))
+
+    def weighted(self, p: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        raise TypeError("pruned key columns are keys; values are held dense")
 
 
 class ChannelSparseStore(LayerStore):
@@ -139,7 +232,7 @@ class ChannelSparseStore(LayerStore):
         self.kept: torch.Tensor | None = None  # [b, h, k] kept key channel ids, ascending
         self.keys: torch.Tensor | None = None  # [b, h, Tp, k]
         self.whole: torch.Tensor | None = None  # [b, h, Tw, D]: the recent window (and decoded tokens)
-        self.values: torch.Tensor | None = None  # [b, h, T, D]
+        self.vals = ChunkList()  # dense values [b, h, T, D], as pieces (_Rows)
         self.work: WorkingCopy | None = None  # keys as attention reads them
         # outlier mode
         self.ko: _OutlierSplit | None = None
@@ -179,9 +272,9 @@ class ChannelSparseStore(LayerStore):
 
     def _ingest(self, keys: torch.Tensor, values: torch.Tensor, prefill: bool) -> None:
         self.dtype, self.head_dim = keys.dtype, keys.shape[-1]
-        if keys.shape[-2] == 0 and self.values is None and self.ko is None:
+        if keys.shape[-2] == 0 and not self.vals.pieces and self.ko is None:
             return  # no tokens to choose channels on yet: the first ones to arrive decide
-        if self.ko is None and self.values is None:
+        if self.ko is None and not self.vals.pieces:
             self.working = working_copy_enabled(self.strategy)
         if self.strategy.mode == "outlier":
             if self.ko is None or self.vo is None:
@@ -195,8 +288,6 @@ class ChannelSparseStore(LayerStore):
         if self.kept is None:
             self.kept = self._select_channels(keys)  # ThinK scores every prefill key, the recent ones too
             self.keys = keys.new_empty(*keys.shape[:2], 0, self.kept.shape[-1])
-            if self.working:
-                self.work = WorkingCopy()
         assert self.keys is not None
         whole = self.whole is not None and self.whole.shape[-2] > 0
         self.whole = torch.cat([self.whole, keys], dim=-2) if whole else keys  # type: ignore[list-item]
@@ -206,11 +297,8 @@ class ChannelSparseStore(LayerStore):
             self._prune_oldest()
         if self.whole is keys:
             self.whole = keys.clone(memory_format=torch.contiguous_format)
-        if self.values is None:
-            # Copy the dense values: holding the caller's tensor could pin a shared prefill buffer.
-            self.values = values.clone(memory_format=torch.contiguous_format)
-        else:
-            self.values = torch.cat([self.values, values], dim=-2)
+        # Copy the dense values: holding the caller's tensor could pin a shared prefill buffer.
+        self.vals.append(_Rows(values.clone(memory_format=torch.contiguous_format)))  # type: ignore[arg-type]
 
     def prefill(self, keys: torch.Tensor, values: torch.Tensor, capture: LayerCapture | None) -> None:
         if capture is not None:
@@ -218,17 +306,40 @@ class ChannelSparseStore(LayerStore):
         self._ingest(keys, values, prefill=True)
 
     def _prune_keys(self) -> torch.Tensor:
+        assert self.keys is not None and self.whole is not None
+        if self.work is None and self.working:  # the first dense read makes the working copy
+            self.work = WorkingCopy()
+            self.work.append(torch.cat([self._scatter(self.keys), self.whole], dim=-2))
         if self.work is not None:
             return self.work.view()
-        assert self.keys is not None and self.whole is not None
         return torch.cat([self._scatter(self.keys), self.whole], dim=-2)
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self._ingest(keys, values, prefill=False)
         if self.ko is not None and self.vo is not None:
             return self.ko.dequantize(), self.vo.dequantize()
-        assert self.values is not None
-        return self._prune_keys(), self.values
+        return self._prune_keys(), self._values()
+
+    def _values(self) -> torch.Tensor:
+        rows = self.vals.merged()
+        assert rows is not None
+        return rows.dense  # type: ignore[attr-defined]
+
+    def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+               scaling: float, softcap: float | None = None) -> torch.Tensor:
+        """``LayerStore.attend`` over the held encoding (see the module docstring): no dense copy of the keys."""
+        self._ingest(keys, values, prefill=False)
+        heads = keys.shape[1]
+        if self.ko is not None and self.vo is not None:
+            kparts, vparts = self.ko.parts(), self.vo.parts()
+        elif self.vals.pieces:
+            assert self.keys is not None and self.whole is not None and self.kept is not None
+            kparts = [_KeptColumns(self.kept, self.keys), blockattn.Dense(self.whole)]
+            vparts = [blockattn.Dense(rows.dense) for rows in self.vals.pieces]  # type: ignore[attr-defined]
+        else:  # nothing held and nothing new
+            kparts, vparts = [], []
+        return blockattn.attend(query, blockattn.TokenRun(kparts, heads), blockattn.TokenRun(vparts, heads), mask,
+                                scaling, softcap)
 
     def select_tokens(self, index: torch.Tensor) -> None:
         """Exact: every token is encoded on its own in both modes.
@@ -241,9 +352,9 @@ class ChannelSparseStore(LayerStore):
             self.ko.take(index)
             self.vo.take(index)
             return
-        if self.keys is None or self.values is None or self.whole is None:
+        if self.keys is None or not self.vals.pieces or self.whole is None:
             return
-        index = index.to(device=self.values.device, dtype=torch.long)
+        index = index.to(device=self.whole.device, dtype=torch.long)
         pruned = self.keys.shape[-2]
         m = int((index < pruned).sum(-1).min()) if index.numel() else 0
         spill = index[..., m:]
@@ -255,21 +366,21 @@ class ChannelSparseStore(LayerStore):
             self.work.replace(gather_tokens(self.work.view(), index, -2))
         self.keys = gather_tokens(self.keys, index[..., :m], -2)
         self.whole = whole
-        self.values = gather_tokens(self.values, index, -2)
+        self.vals.set(_Rows(gather_tokens(self._values(), index, -2)))  # type: ignore[arg-type]
 
     def tensors(self) -> Iterable[torch.Tensor]:
         if self.ko is not None and self.vo is not None:
             return self.ko.tensors() + self.vo.tensors()
-        return [t for t in (self.kept, self.keys, self.whole, self.values) if t is not None]
+        return [*(t for t in (self.kept, self.keys, self.whole) if t is not None), *self.vals.tensors()]
 
     def scratch_tensors(self) -> Iterable[torch.Tensor]:
         works = [self.work] + [s.work for s in (self.ko, self.vo) if s is not None]
         return [t for w in works if w is not None for t in w.tensors()]
 
     def num_tokens(self) -> int:
-        if self.ko is not None and self.ko.dense is not None:
-            return self.ko.dense.shape[-2]
-        return 0 if self.values is None else self.values.shape[-2]
+        if self.ko is not None:
+            return self.ko.num_tokens
+        return self.vals.num_tokens
 
     def stats(self) -> dict[str, float]:
         t = self.num_tokens()

@@ -14,9 +14,19 @@ from kvbench.models import tiny_llama
 
 
 @pytest.fixture(scope="session")
-def tiny_model():
-    """2-layer random Llama, float32, GQA (4 query heads on 2 KV heads), head_dim 16."""
+def _tiny_model_shared():
     return tiny_llama(seed=0)
+
+
+@pytest.fixture
+def tiny_model(_tiny_model_shared):
+    """2-layer random Llama, float32, GQA (4 query heads on 2 KV heads), head_dim 16, with SDPA attention.
+
+    Built once per session; an ``Engine`` over it switches it to kvbench's attention (``engine.attention=auto`` on
+    CPU), so each test gets it back on SDPA: a test's result must not depend on which tests ran before it."""
+    if _tiny_model_shared.config._attn_implementation != "sdpa":
+        _tiny_model_shared.set_attn_implementation("sdpa")
+    return _tiny_model_shared
 
 
 @pytest.fixture

@@ -149,3 +149,15 @@ def test_auto_picks_by_device_and_bad_choice_names_the_valid_ones():
     assert attention.resolve("auto", "cuda:0") == "sdpa"
     with pytest.raises(KVBenchError, match="valid: auto, sdpa, kvbench"):
         attention.resolve("flash", "cpu")
+
+
+@pytest.mark.parametrize("name", ["full", "snapkv"])
+def test_an_uncompressed_store_gives_sdpa_exactly(name):
+    """A store held as one dense tensor has nothing to decode: it goes to the fused SDPA kernel as transformers
+    calls it, so one sample's records under kvbench attention equal SDPA's to the bit. (Ragged batches attend
+    row by row under kvbench attention, so they agree with SDPA's batched call within float32 rounding only:
+    the registry-wide test above.)"""
+    ref, new = _records("llama", "sdpa", name, False), _records("llama", "kvbench", name, False)
+    for a, b in zip(ref, new, strict=True):
+        assert b.record["prediction"] == a.record["prediction"]
+        assert torch.equal(b.logp, a.logp)

@@ -403,6 +403,22 @@ def test_stale_claim_of_a_dead_pid_is_taken_over(tmp_path):
     assert "s0" in other  # held by a live worker (this process)
 
 
+def test_an_empty_claim_is_taken_over_once_stale_and_a_new_claim_is_never_empty(tmp_path):
+    """A run interrupted between creating a claim and writing its owner (older kvbench) left an empty file that
+    every later run took for a live worker's: stale after a minute, it is taken over; claims now appear whole."""
+    store = RunStore(tmp_path, "run")
+    claims = SampleClaims(store, {"full"})
+    path = claims._path("s0")
+    path.parent.mkdir(parents=True)
+    path.write_text("")
+    assert "s0" in SampleClaims(store, {"full"})  # fresh: perhaps being written this instant
+    old = time.time() - 120
+    os.utime(path, (old, old))
+    assert "s0" not in claims
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no private file left beside it
+
+
 def test_contended_timings_never_replace_clean_ones(tmp_path, capsys):
     store = RunStore(tmp_path, "run")
     store.append([_rec("s0", "full", decode_ms_per_token=1.0, timing_contended=False)])

@@ -534,7 +534,7 @@ def test_think_inside_compose_ignores_the_evictors_wider_window() -> None:
     store.prefill(k, v, LayerCapture(layer_idx=0, num_kv_groups=3, scaling=0.25, queries=wide))
     inner = store.inner  # type: ignore[attr-defined]
     # The tokens snapkv kept, recovered from the inner store's dense (exact) values.
-    kept = torch.stack([(v[0, h, :, None, :] == inner.values[0, h][None]).all(-1).any(-1).nonzero()[:, 0]
+    kept = torch.stack([(v[0, h, :, None, :] == inner._values()[0, h][None]).all(-1).any(-1).nonzero()[:, 0]
                         for h in range(2)])[None]
     alone = strategies.build("channel_sparse", {"window": 4}).new_layer(0, 1)
     alone.prefill(gather_tokens(k, kept, -2), gather_tokens(v, kept, -2),

@@ -24,7 +24,6 @@ TINY = {"group_size": 8, "residual_length": 8, "residual_tokens": 8, "recompute_
 #: Stores whose decode step still holds more than one block beyond what they store, and why. Strict: the test
 #: fails once one of them fits, so the list cannot go stale.
 NOT_YET = {
-    "channel_sparse": "reads a dense working copy of its pruned keys (its own append path)",
     "tiered": "assembles its cold tier into a dense working copy",
     "h2o": "evicts while decoding: each step's gather copies the layer it keeps",
     "streaming_llm": "evicts while decoding: each step's gather copies the layer it keeps",
