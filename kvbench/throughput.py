@@ -7,8 +7,8 @@
 Hydra-configured (``conf/throughput.yaml``; keys, defaults and types are :class:`ThroughputConfig`; ``model=``
 and ``hardware=`` are the groups of ``python -m kvbench``). Per context length, one sequence is prefilled
 (``prefill=shared``: one full-attention capture every strategy compresses, as the benchmark does;
-``synthetic``: seeded random K/V streamed into each store in ``chunk_tokens`` chunks, no model forward — for
-random-weight models, where only memory and speed mean anything). Then, per budget and strategy:
+``synthetic``: seeded random K/V handed to each store as its prefill (drawn in ``chunk_tokens`` chunks), no model
+forward — for random-weight models, where only memory and speed mean anything). Then, per budget and strategy:
 
 1. **capacity**: the budget minus the weights as the engine holds them (:func:`kvbench.footprint.weight_bytes`)
    is what sequences may use. One sequence's decode working set is measured
@@ -69,7 +69,7 @@ class ThroughputConfig:
     repeats: int = 3                # rounds (strategies take turns in each): the gain's interval comes from them
     question_tokens: int = 8        # longest question; rows get 0-3 tokens fewer (ragged batches)
     prefill: str = "shared"         # shared | synthetic (random K/V streamed into the stores, no model forward)
-    chunk_tokens: int = 1024        # synthetic: tokens per chunk streamed into a store
+    chunk_tokens: int = 1024        # synthetic: tokens per chunk of the random draw (one prefill per layer)
     max_batch: int = 256            # never decode more sequences than this, whatever fits
     dtype: Optional[str] = None     # noqa: UP045  (null: the hardware profile's dtype)
     attention: str = "auto"         # as engine.attention
@@ -179,8 +179,13 @@ class Built:
 
 def synthetic_cache(strategy: Any, config: Any, context: int, chunk: int, dtype: torch.dtype, device: str,
                     seed: int) -> Any:
-    """A strategy's cache filled by streaming seeded random K/V (N(0, 1), the model's shapes and dtype) into its
-    stores ``chunk`` tokens at a time, compacting after each chunk as a chunked prefill does."""
+    """A strategy's cache of ``context`` tokens of seeded random K/V (N(0, 1), the model's shapes and dtype), no model
+    forward: layer by layer, the whole context is drawn (``chunk`` tokens at a time, so the float32 draw stays
+    small) and handed to the store as its prefill, so only one layer's dense K/V exist at a time.
+
+    One prefill per layer, not a stream of appends: under kvbench's attention a cache defers every later update to
+    the attention that reads it (``kvbench.attention.PendingKV``), and with no attention here an appended chunk
+    would never reach the store."""
     from kvbench.cache import KVBenchCache
 
     cache = KVBenchCache(strategy, config)
@@ -188,13 +193,20 @@ def synthetic_cache(strategy: Any, config: Any, context: int, chunk: int, dtype:
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     gen = torch.Generator().manual_seed(seed)
     with torch.inference_mode():
-        for start in range(0, context, chunk):
-            n = min(chunk, context - start)
-            for layer in cache.layers:
-                k = torch.randn(1, heads, n, head_dim, generator=gen).to(device=device, dtype=dtype)
-                v = torch.randn(1, heads, n, head_dim, generator=gen).to(device=device, dtype=dtype)
-                layer.update(k, v)
-                layer.store.compact()
+        for layer in cache.layers:
+            if not hasattr(layer, "store"):  # a hybrid's recurrent layer holds no K/V
+                continue
+            k = torch.empty(1, heads, context, head_dim, dtype=dtype, device=device)
+            v = torch.empty_like(k)
+            for start in range(0, context, chunk):
+                n = min(chunk, context - start)
+                k[:, :, start:start + n] = torch.randn(1, heads, n, head_dim, generator=gen).to(k)
+                v[:, :, start:start + n] = torch.randn(1, heads, n, head_dim, generator=gen).to(v)
+            layer.update(k, v)
+            del k, v
+    for layer in cache.layers:
+        if hasattr(layer, "store"):
+            assert layer.store.num_tokens() <= context and layer.get_seq_length() == context
     return cache
 
 
@@ -436,15 +448,16 @@ def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
 
 
 def _commit() -> str:
-    """The kvbench checkout's git commit (with ``+dirty`` for uncommitted changes), or "" outside git."""
+    """The kvbench checkout's git commit (with ``+dirty`` for uncommitted changes outside ``results/``, which the
+    benchmarks themselves write), or "" outside git."""
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!results"],
+                               cwd=root, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return ""
     return head + ("+dirty" if dirty else "")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate every committed table, claim check and plot from the stores already measured — nothing is run.
 #
-#   scripts/publish_results.sh             # results/ (all 18 strategies) and results/headline/
+#   scripts/publish_results.sh             # results/ (all 18 strategies), results/headline/, results/long8k/
 #
 # results/store holds the leaderboard sweep (scripts/reproduce_leaderboard.sh, in rounds); results/headline/store
 # the claim-focused headline sweep (scripts/reproduce_headline.sh). Both are spec v1.2 records; each directory is
@@ -34,3 +34,10 @@ if [[ -d results/headline/store ]]; then
     --design headline > results/headline/plan.txt
   shot results/headline
 fi
+if [[ -d results/long8k/store ]]; then
+  # int8 vs full at 8,000 tokens (conf/sweep/long8k.yaml): whatever rounds finished, with their intervals.
+  "$PY" -m kvbench verify --write --results-dir results/long8k
+  "$PY" -m kvbench leaderboard --strict --results-dir results/long8k --model smollm2-135m --hardware cpu \
+    --spec-version 1.2 --measured-by "${LONG8K_CMD:-kvbench sweep long8k --per-round 8 (rounds; finished questions are reused)}"
+fi
+

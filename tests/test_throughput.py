@@ -110,11 +110,15 @@ def test_run_writes_one_row_per_strategy_budget_context_and_round(tmp_path):
     assert (fitted["tokens_per_s"] > 0).all() and (fitted["kv_read_bytes"] > 0).all()
 
 
-def test_synthetic_prefill_fills_each_store_in_chunks():
-    from kvbench import strategies
+@pytest.mark.parametrize("impl", ["sdpa", "kvbench"])
+def test_synthetic_prefill_fills_each_store_with_the_whole_context(impl):
+    """Under kvbench's attention (the CPU default) a cache defers appends to the attention that reads them: K/V
+    appended with no attention never reached the store, and a 4K "context" held only its last 1,024-token chunk."""
+    from kvbench import attention, strategies
     from kvbench.models import tiny_llama
 
     model = tiny_llama()
+    attention.use(model, impl, "cpu")
     for name in ("full", "int8"):
         cache = throughput.synthetic_cache(strategies.build(name), model.config, 100, 32, torch.float32, "cpu", 0)
         assert cache.held_tokens() == [100] * model.config.num_hidden_layers
