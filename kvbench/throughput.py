@@ -436,6 +436,7 @@ def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
                            "seq_working_set_bytes": single["working_set_bytes"],
                            "batch_working_set_bytes": ws.get("working_set_bytes", 0),
                            "batch_temp_bytes": ws.get("temp_bytes", 0)}
+                    row["load_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
                     if n:
                         d = bench.decode(b, n)
                         row.update(d)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -144,8 +145,8 @@ def write(result: dict, args: argparse.Namespace, out: Path) -> None:
         "Command: `PYTHONPATH=. python scripts/bench_phases.py " + " ".join(sys.argv[1:]) + "`. "
         "Peak RSS sampled every 2 ms (the phase's own peak; the process's own lifetime peak is the largest). "
         "'tensor peak' is the most bytes of tensors the phase allocated and held at once (ATen outputs, tracked "
-        "op by op; a kernel's internal workspace is not seen). The CPU was shared with other work: sizes, not "
-        "times, are the point.", "",
+        "op by op; a kernel's internal workspace is not seen). Sizes, not times, are the point. Load average "
+        f"(1 min) at the end: {os.getloadavg()[0]:.1f}.", "",
         f"**Process peak: {peak / MIB:,.0f} MiB ({peak / 1e9:.2f} GB).**", "",
         "| phase | RSS before MiB | peak RSS MiB | RSS after MiB | tensor peak MiB | what it holds |",
         "|---|---:|---:|---:|---:|---|"]

@@ -123,9 +123,12 @@ def render(frames: dict[str, pd.DataFrame], out: Path) -> None:
                   f"{first['weights_bytes'] / 1e9:.3f} GB; measured at the start: copy bandwidth "
                   f"{first['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, float32 matmul "
                   f"{first['flops_per_s'] / 1e9:.1f} GFLOP/s.", ""]
-    if any(df.iloc[0]["device"] == "cpu" for df in frames.values()):
-        lines += ["**The CPU was shared with other workers while this ran** (2 cores, ~8 processes): absolute "
-                  "tokens/s, bandwidth and FLOP/s are those of a busy machine; read the ratios.", ""]
+    loads = [f"`{n}` {df['load_1m'].min():.1f}–{df['load_1m'].max():.1f}" for n, df in frames.items()
+             if "load_1m" in df and df["load_1m"].notna().any()]
+    if loads:  # measured beside every row: how many processes wanted the CPUs while it ran
+        lines += [f"Load average (1 min) while the rows ran, on {int(first['threads'])} threads: {'; '.join(loads)}. "
+                  "On a shared machine absolute tokens/s, bandwidth and FLOP/s depend on it; the gains are ratios "
+                  "within each round.", ""]
     lines += [
         "Gains are ratios within each round (strategies take turns), and the interval is a 95% t-interval over "
         "the rounds' log ratios.", "",
