@@ -31,18 +31,11 @@ from typing import Any
 
 import torch
 
+from kvbench.paths import sha256_file
 from kvbench.results import atomic_write_text, local_seal, seal_matches, stable_hash
 
 DIGEST_FILE = ".kvbench-digest.json"
 _BLOCK = 1 << 20
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(_BLOCK), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _combine(entries: dict[str, str]) -> str:

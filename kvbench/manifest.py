@@ -17,25 +17,17 @@ logs) are derived or transient and not listed.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.errors import KVBenchError
+from kvbench.paths import sha256_file
 from kvbench.results import atomic_write_text, printable, warn
 
 MANIFEST = "MANIFEST.sha256"
 #: The subdirectories whose files tables are computed from.
 TRACKED = ("runs", "store", "baselines")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def tracked_files(root: Path) -> list[str]:
@@ -55,7 +47,7 @@ def tracked_files(root: Path) -> list[str]:
 def write_manifest(root: str | Path) -> Path:
     """Write ``root/MANIFEST.sha256`` for the tree as it is now; returns its path."""
     root = Path(root)
-    lines = [f"{_sha256(root / rel)}  {rel}\n" for rel in tracked_files(root)]
+    lines = [f"{sha256_file(root / rel)}  {rel}\n" for rel in tracked_files(root)]
     path = root / MANIFEST
     atomic_write_text(path, "".join(lines))
     return path
@@ -121,7 +113,7 @@ def verify(root: str | Path) -> Verification:
     # A stored baseline is a cache (recomputed when absent, and not committed with a published tree): only one
     # that is present must be the one listed.
     out.missing = [rel for rel in sorted(listed) if not (root / rel).is_file() and not rel.startswith("baselines/")]
-    out.altered = [rel for rel in present if rel in listed and _sha256(root / rel) != listed[rel]]
+    out.altered = [rel for rel in present if rel in listed and sha256_file(root / rel) != listed[rel]]
     return out
 
 

