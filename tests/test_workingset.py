@@ -145,3 +145,11 @@ def test_embedded_model_greedy_tokens_equal_dequantize_then_attend(smollm, name,
             with attached(cache, engine.model, strategy):
                 tokens[reads] = engine.greedy(cache, torch.tensor(query), 8).tokens
     assert tokens["codes"] == tokens["dequantized"]
+
+
+def test_an_eviction_wrapper_lets_its_quantizer_read_its_own_codes(monkeypatch):
+    """compose (snapkv in front of int8): snapkv keeps every new token, so the step goes to int8's own block reader
+    and no dequantized working copy is made (before, the wrapper read its inner store densely through append)."""
+    monkeypatch.setattr(blockattn, "BLOCK_TOKENS", BLOCK)
+    ws, kv, scratch = _step("compose")
+    assert scratch == 0 and ws.held_bytes == kv
