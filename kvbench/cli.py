@@ -212,6 +212,9 @@ Docs: README.md, docs/ (checklists for adding a strategy, task, metric or hardwa
 
 
 def main(argv: list[str] | None = None) -> None:
+    from kvbench.spec import bound_heap_growth
+
+    bound_heap_growth()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
         try:

@@ -45,8 +45,9 @@ def worker(context: int, names: list[str], samples: int) -> dict:
     import gc
 
     from kvbench.footprint import LiveBytes
-    from kvbench.spec import PeakMemory, release_freed_memory
+    from kvbench.spec import PeakMemory, bound_heap_growth, release_freed_memory
 
+    bound_heap_growth()  # as the CLI does: what a kvbench run holds
     phases: list[dict] = []
     before = _rss()
 
