@@ -479,9 +479,9 @@ AttentionInterface.register("kvbench_masked_reference", _REFERENCE)
 
 
 @pytest.fixture(scope="module")
-def reference_model(tiny_model):
+def reference_model(_tiny_model_shared):
     ref = tiny_llama(seed=0, attn_implementation="kvbench_masked_reference")
-    for a, b in zip(ref.state_dict().values(), tiny_model.state_dict().values(), strict=True):
+    for a, b in zip(ref.state_dict().values(), _tiny_model_shared.state_dict().values(), strict=True):
         assert torch.equal(a, b)
     return ref
 
