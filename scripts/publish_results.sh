@@ -40,4 +40,3 @@ if [[ -d results/long8k/store ]]; then
   "$PY" -m kvbench leaderboard --strict --results-dir results/long8k --model smollm2-135m --hardware cpu \
     --spec-version 1.2 --measured-by "${LONG8K_CMD:-kvbench sweep long8k --per-round 8 (rounds; finished questions are reused)}"
 fi
-

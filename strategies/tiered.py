@@ -193,7 +193,8 @@ class TieredStore(LayerStore):
                                      None if index is None else index.to(torch.int32), next(_SERIAL)))
 
     # -- one attention step ----------------------------------------------------------------------
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _intake(self, keys: torch.Tensor, values: torch.Tensor) -> dict[int, Read]:
+        """A step's new tokens join the recent window; returns the cold blocks a previous layer staged for it."""
         if self.recent is None:  # nothing prefilled: start an empty store
             self._init(keys)
             empty = keys[:, :, :0].clone(), values[:, :, :0].clone()
@@ -202,6 +203,10 @@ class TieredStore(LayerStore):
         assert self.recent is not None
         self.recent = (torch.cat([self.recent[0], keys], dim=-2), torch.cat([self.recent[1], values], dim=-2))
         self.total += keys.shape[-2]
+        return staged
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        staged = self._intake(keys, values)
         if self.cfg.prefetch:
             following = self.group.store(self.layer_idx + 1)
             if following is not None:
@@ -231,14 +236,8 @@ class TieredStore(LayerStore):
         copy made by an earlier dense read is kept up to date by ``append``: both read densely."""
         if self.heavy is not None or self.work is not None:
             return super().attend(query, keys, values, mask, scaling, softcap)
-        if self.recent is None:  # nothing prefilled: start an empty store
-            self._init(keys)
-            empty = keys[:, :, :0].clone(), values[:, :, :0].clone()
-            self.sink, self.recent = empty, empty
-        staged = self._take_staged()  # none unless an earlier dense step staged this layer
+        staged = self._intake(keys, values)  # none unless an earlier dense step staged this layer
         assert self.sink is not None and self.recent is not None
-        self.recent = (torch.cat([self.recent[0], keys], dim=-2), torch.cat([self.recent[1], values], dim=-2))
-        self.total += keys.shape[-2]
         cold = [_ColdRead(self, b, staged) for b in sorted(self.blocks, key=lambda b: b.start or 0)]
         kparts = [blockattn.Dense(self.sink[0]), *(c.keys for c in cold), blockattn.Dense(self.recent[0])]
         vparts = [blockattn.Dense(self.sink[1]), *(c.values for c in cold), blockattn.Dense(self.recent[1])]
@@ -253,6 +252,9 @@ class TieredStore(LayerStore):
         """One cold block read back (from the staged prefetch, else now), timed and counted, decoded."""
         assert self.device is not None
         parts, seconds = staged.get(block.serial) or timed_read(block.packet, self.device)
+        if self.device.type == "cuda":  # read on the prefetch stream, used on this one
+            for p in parts:
+                p.record_stream(torch.cuda.current_stream(self.device))
         block.read_seconds = seconds
         self.read_seconds += seconds
         self.read_bytes[block.packet.tier] += block.packet.nbytes
@@ -306,16 +308,8 @@ class TieredStore(LayerStore):
     def _read_into(self, out_k: torch.Tensor, out_v: torch.Tensor, blocks: list[ColdBlock],
                    staged: dict[int, Read]) -> None:
         """Read ``blocks`` (from the staged prefetch, else now), timed, and place them at their positions."""
-        assert self.device is not None
         for block in blocks:
-            parts, seconds = staged.get(block.serial) or timed_read(block.packet, self.device)
-            if self.device.type == "cuda":  # read on the prefetch stream, used on this one
-                for p in parts:
-                    p.record_stream(torch.cuda.current_stream(self.device))
-            block.read_seconds = seconds
-            self.read_seconds += seconds
-            self.read_bytes[block.packet.tier] += block.packet.nbytes
-            k, v = self._decode(parts)
+            k, v = self._read_block(block, staged)
             _place(out_k, out_v, k, v, block.start, block.index)
 
     def _decode(self, parts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -450,13 +444,13 @@ class _ColdSide:
         self.num_tokens = read.block.tokens
 
     def scores(self, q: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-        out = torch.matmul(q, self.read.get(self.which)[..., start:stop, :].to(q.dtype).transpose(-1, -2))
+        out = blockattn.Dense(self.read.get(self.which)).scores(q, start, stop)
         if stop == self.num_tokens:
             self.read.done(self.which)
         return out
 
     def weighted(self, p: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-        out = torch.matmul(p, self.read.get(self.which)[..., start:stop, :].to(p.dtype))
+        out = blockattn.Dense(self.read.get(self.which)).weighted(p, start, stop)
         if stop == self.num_tokens:
             self.read.done(self.which)
         return out
