@@ -23,9 +23,12 @@ parts too, and each decodes only the block asked for or folds its scales into th
 Semantics are :func:`kvbench.attention.kvbench_attention_forward`'s: the mask (boolean or additive,
 ``[.., 1 or q_heads, q, kv]``) covers every token the runs hold, ``scaling`` and ``softcap`` as in eager
 attention, softmax in float32. Only the order of the float32 sums differs from one softmax over all tokens.
-A cache held as one dense tensor of the query's dtype (``full``, an eviction strategy's kept tokens) has
-nothing to decode and goes to PyTorch's fused SDPA kernel, which reads it in blocks itself: the same kernel as
-transformers' SDPA path, so such a store gives SDPA's output exactly, at SDPA's speed.
+A short query (decode steps: up to ``kvbench.fused.MAX_ROWS`` query rows per KV head) over parts that describe
+themselves to it goes to the fused C++ reader (:mod:`kvbench.fused`): every row decoded once and used at once,
+dense stores included, so a compressed store and ``full`` are timed on the same reader and differ only in what
+they store. Otherwise (longer queries, no compiler) a cache held as one dense tensor of the query's dtype
+(``full``, an eviction strategy's kept tokens) goes to PyTorch's SDPA kernel exactly as transformers calls it (its
+output bit for bit), and anything else is read block by block here.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import torch
+
+import kvbench.fused as fused
 
 #: Tokens per block. A block's temporaries (its keys or values in float32, its scores) are the only memory a
 #: step adds to the stored bytes; at 1024 tokens of 3 KV heads of 64 channels, 0.8 MB per block.
@@ -67,6 +72,9 @@ class Dense:
     def weighted(self, p: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         return torch.matmul(p, self.x[..., start:stop, :].to(p.dtype))
 
+    def fused(self) -> fused.Fused | None:
+        return fused.dense(self.x)
+
 
 class TokenRun:
     """Parts in token order, read as one sequence of tokens; ``heads``: the KV heads every part holds."""
@@ -88,6 +96,17 @@ class TokenRun:
             lo, hi = max(start, first), min(stop, first + part.num_tokens)
             if lo < hi:
                 out.append((part, lo - start, lo - first, hi - first))
+        return out
+
+    def fused(self) -> list[fused.Fused] | None:
+        """Every part as the fused kernel reads it, or ``None`` when one part has no such description."""
+        out = []
+        for part in self.parts:
+            f = getattr(part, "fused", None)
+            desc = None if f is None else f()
+            if desc is None:
+                return None
+            out.append(desc)
         return out
 
     def scores(self, q: torch.Tensor, start: int, stop: int) -> torch.Tensor:
@@ -122,11 +141,6 @@ def attend(query: torch.Tensor, keys: TokenRun, values: TokenRun, mask: torch.Te
     """
     block = block or BLOCK_TOKENS
     b, hq, q, d = query.shape
-    dense = _one_dense(keys, values, query.dtype)
-    if dense is not None and softcap is None:
-        # Nothing to decode: PyTorch's fused SDPA kernel reads the tensor in blocks itself, and is transformers'
-        # own SDPA path, so an uncompressed store under kvbench attention gives SDPA's output bit for bit.
-        return _sdpa(query, *dense, mask, scaling)
     n = keys.num_tokens
     assert values.num_tokens == n, (keys.num_tokens, values.num_tokens)
     hkv = keys.heads
@@ -134,6 +148,18 @@ def attend(query: torch.Tensor, keys: TokenRun, values: TokenRun, mask: torch.Te
     work = compute_dtype(query)
     qg = query.reshape(b, hkv, g * q, d).to(work)
     m = None if mask is None else grouped_mask(mask, hkv, g)  # [.., hkv or 1, g or 1, q, n]
+    if softcap is None and g * q <= fused.MAX_ROWS:
+        # A short query over parts the kernel reads (every store's, dense or coded): one pass, no dense copy.
+        fk, fv = keys.fused(), values.fused()
+        if fk is not None and fv is not None:
+            out = fused.attend(qg, fk, fv, m, q, scaling)
+            if out is not None:
+                return _out(out, query, b, hq, q, d)
+    dense = _one_dense(keys, values, query.dtype)
+    if dense is not None and softcap is None:
+        # Nothing to decode: PyTorch's fused SDPA kernel reads the tensor in blocks itself, and is transformers'
+        # own SDPA path, so an uncompressed store gives SDPA's output bit for bit here.
+        return _sdpa(query, *dense, mask, scaling)
     run_max = run_sum = acc = None
     for start in range(0, n, block):
         stop = min(start + block, n)

@@ -34,6 +34,7 @@ from typing import ClassVar
 import torch
 
 from kvbench.errors import KVBenchError
+from kvbench.fused import Fused
 
 SCALE_DTYPE = torch.float16
 FP16_MAX = float(torch.finfo(torch.float16).max)
@@ -196,6 +197,10 @@ class TokenChunk(ABC):
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         """All tokens decoded into ``dtype``, shaped like the tensor that was quantized."""
 
+    def fused(self) -> Fused | None:
+        """The chunk as ``kvbench.fused``'s kernel reads it, or ``None`` (then attention reads it in blocks)."""
+        return None
+
     # -- block reads for attention (kvbench.blockattn): one block decoded at a time, never the whole chunk ----
     def decode(self, dtype: torch.dtype, start: int, stop: int) -> torch.Tensor:
         """Tokens ``start:stop`` decoded into ``dtype`` (exactly those rows of :meth:`dequantize`, up to the
@@ -272,6 +277,22 @@ class GroupedChunk(TokenChunk):
                                                   for f in self.META}})
         out = part.dequantize(dtype)
         return out if (a, b) == (start, stop) else out.narrow(-2, start - a, stop - start)
+
+    def fused(self) -> Fused | None:
+        """The chunk as the fused kernel reads it (``kvbench.fused``): codes, then each ``META`` field (scale, then
+        zero point) as ``[b, h, rows, cols]`` by token group and channel group; ragged groups are not read there."""
+        codes = self._codes()
+        meta = [getattr(self, f) for f in self.META]
+        if self.group_index is not None or codes.dim() != 4 or any(m.dim() != 5 for m in meta):
+            return None
+        bits = getattr(self, "bits", 8)
+        width = codes.shape[-1] * 8 // bits
+        if self.axis == "token":
+            sides, tg, cg = [m.squeeze(-1) for m in meta], 1, width // meta[0].shape[-2]
+        else:
+            sides, tg, cg = [m.squeeze(-2) for m in meta], self.group_size, 1
+        return Fused(codes, bits, signed=codes.dtype == torch.int8, scale=sides[0],
+                     zero=sides[1] if len(sides) > 1 else None, tg=tg, cg=cg)
 
     def narrow(self, start: int, length: int) -> TokenChunk:
         if self.axis != "token" or self.group_index is not None:
@@ -460,6 +481,15 @@ class Fp8Quant(TokenChunk):
         return (torch.index_select(table, 0, codes).view(shape) * self.scale).to(dtype)
 
 
+    def fused(self) -> Fused | None:
+        # The byte table; a per-tensor scale folded into it (as dequantize does), a per-channel one read per channel.
+        table = _fp8_table(self.payload.dtype, self.payload.device)
+        if self.scale.numel() == 1:
+            return Fused(self.payload, 8, table=table * self.scale.flatten())
+        if self.scale.dim() != 4 or self.payload.dim() != 4:
+            return None
+        return Fused(self.payload, 8, table=table, scale=self.scale.float(), tg=0, cg=1)
+
     def _codes(self, dtype: torch.dtype, start: int, stop: int) -> torch.Tensor:
         """Tokens ``start:stop`` as the unscaled FP8 values, in ``dtype`` (through the byte table)."""
         block = self.payload[..., start:stop, :]
@@ -550,11 +580,28 @@ class BlockFloat(TokenChunk):
         # Two's complement: codes >= half are negative.
         return (unpack_codes(self.mantissas, self.mantissa_bits).to(torch.int8) ^ half) - half
 
+    def fused(self) -> Fused | None:
+        # Mantissas as int8 (8 bits) or through a table of two's-complement values; the exponent of each block of
+        # channels as an E8M0 scale.
+        if self.mantissas.dim() != 4 or self.exponents.dim() != 5:
+            return None
+        bits = self.mantissa_bits
+        table = None if bits == 8 else _twos_complement_table(bits, self.mantissas.device)
+        return Fused(self.mantissas, bits, signed=bits == 8, table=table, scale=self.exponents.squeeze(-1),
+                     tg=1, cg=self.block_size)
+
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         m = self.signed_mantissas().unflatten(-1, (-1, self.block_size)).float()
         # float32 holds every power of two in E8M0's range; the target dtype may not (fp16).
         scale = torch.exp2(self.exponents.float() - E8M0_BIAS)
         return (m * scale).flatten(-2).to(dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _twos_complement_table(bits: int, device: torch.device) -> torch.Tensor:
+    """float32 value of each ``bits``-bit two's-complement code."""
+    codes = torch.arange(2**bits, device=device)
+    return torch.where(codes >= 2 ** (bits - 1), codes - 2**bits, codes).float()
 
 
 def quantize_bfp(x: torch.Tensor, mantissa_bits: int, block_size: int) -> BlockFloat:

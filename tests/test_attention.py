@@ -18,7 +18,7 @@ from functools import cache
 import pytest
 import torch
 
-from kvbench import attention, blockattn, strategies
+from kvbench import attention, blockattn, fused, strategies
 from kvbench.engine import Engine, query_window_for
 from kvbench.errors import KVBenchError
 from kvbench.models import ByteTokenizer, LoadedModel, tiny_llama
@@ -29,9 +29,10 @@ pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
-    """Blocks of 16 tokens: a 96-token context is read in several blocks, merged by the online softmax, and
-    blocks straddle the stores' piece boundaries (quantized chunks, residuals, recomputed segments)."""
+    """Blocks (and fused chunks) of 16 tokens: a 96-token context is read in several blocks, merged by the online
+    softmax, and blocks straddle the stores' piece boundaries (quantized chunks, residuals, recomputed segments)."""
     monkeypatch.setattr(blockattn, "BLOCK_TOKENS", 16)
+    monkeypatch.setattr(fused, "CHUNK_TOKENS", 16)  # the fused reader's chunks too
 
 TINY = {"group_size": 8, "residual_length": 8, "residual_tokens": 8, "recompute_tokens": 16, "block_size": 8,
         "quant_group_size": 8, "block_tokens": 16, "recent_tokens": 16, "decode_evict": True}
@@ -152,11 +153,12 @@ def test_auto_picks_by_device_and_bad_choice_names_the_valid_ones():
 
 
 @pytest.mark.parametrize("name", ["full", "snapkv"])
-def test_an_uncompressed_store_gives_sdpa_exactly(name):
-    """A store held as one dense tensor has nothing to decode: it goes to the fused SDPA kernel as transformers
-    calls it, so one sample's records under kvbench attention equal SDPA's to the bit. (Ragged batches attend
-    row by row under kvbench attention, so they agree with SDPA's batched call within float32 rounding only:
-    the registry-wide test above.)"""
+def test_an_uncompressed_store_gives_sdpa_exactly(name, monkeypatch):
+    """Where the fused reader does not run (``KVBENCH_FUSED=0``, no compiler, long queries) a store held as one
+    dense tensor goes to SDPA's kernel as transformers calls it, so one sample's records under kvbench attention
+    equal SDPA's to the bit. (With the fused reader, decode steps agree within float32 rounding, and ragged
+    batches attend row by row: the registry-wide test above.)"""
+    monkeypatch.setenv("KVBENCH_FUSED", "0")
     ref, new = _records("llama", "sdpa", name, False), _records("llama", "kvbench", name, False)
     for a, b in zip(ref, new, strict=True):
         assert b.record["prediction"] == a.record["prediction"]

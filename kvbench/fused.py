@@ -1,0 +1,129 @@
+"""The fused reader: attention of a short query over stored parts in one C++ pass (``fused_attend.cpp``).
+
+:func:`kvbench.blockattn.attend` composes a step from PyTorch ops, so each block of codes is first decoded into
+a float tensor and then read by a matmul: several times the bytes SDPA reads from a dense cache. This kernel
+decodes each key or value row once, into a head_dim of scratch, and uses it at once for every query row of its
+KV head, with flash-decoding's split over chunks of tokens merged by an online softmax. It is what decode steps
+and other short queries run whenever every part can describe itself to it (:class:`Fused`); anything else (more
+than :data:`MAX_ROWS` query rows per KV head, a softcap, a part with no description) goes through
+``blockattn``'s blocks, which stay the reference the tests compare it with.
+
+The kernel is compiled once per machine by ``torch.utils.cpp_extension`` (a C++ compiler is needed; the build
+lands under ``$KVBENCH_CACHE/kernels``). Without a compiler, or with ``KVBENCH_FUSED=0``, every query goes
+through the blocks: same results within float rounding, slower. :func:`reader` names which one a run used, and
+the decode and throughput benchmarks record it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvbench.paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+#: Query rows per KV head (query heads per KV head x query tokens) up to which the kernel runs. Beyond it the
+#: products are matrix products, which blockattn's blocks hand to BLAS at a far higher FLOP rate.
+MAX_ROWS = 32
+
+#: Tokens per task: each (batch row, KV head, chunk) is one task with its own softmax sums, so two threads share a
+#: single sequence's step; 256 tokens of one head are 16 KB of int8 keys, their scores at most 32 KB.
+CHUNK_TOKENS = 256
+
+#: Part widths the kernel reads (``Fused.bits``): dense float32, bfloat16, float16, and 8/4/2-bit codes.
+DENSE_BITS = {torch.float32: 0, torch.bfloat16: 16, torch.float16: -16}
+EMPTY = torch.empty(0)
+
+
+@dataclass(frozen=True)
+class Fused:
+    """A part as the kernel reads it: ``data`` ``[b, kv_heads, tokens, width]`` (rows contiguous), either dense
+    (``bits`` from :data:`DENSE_BITS`) or codes of ``bits`` bits packed along the width, first in the low bits,
+    each read through ``table`` (float32, one value per code) or as a (``signed``) integer; then times ``scale``
+    and plus ``zero``, both ``[b or 1, kv_heads or 1, rows, cols]`` indexed by (token // ``tg``, channel //
+    ``cg``) (``tg = 0``: row 0 for every token). Scales are float32, float16 or uint8 E8M0 exponents."""
+
+    data: torch.Tensor
+    bits: int
+    signed: bool = False
+    table: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
+    zero: torch.Tensor | None = None
+    tg: int = 1
+    cg: int = 1
+
+    def flat(self) -> tuple[list[torch.Tensor], list[int]]:
+        tensors = [self.data, EMPTY if self.table is None else self.table,
+                   EMPTY if self.scale is None else self.scale, EMPTY if self.zero is None else self.zero]
+        return tensors, [self.bits, int(self.signed), self.tg, self.cg]
+
+
+def dense(x: torch.Tensor) -> Fused | None:
+    """A dense ``[b, h, tokens, d]`` tensor as a part (``None`` for a dtype or layout the kernel does not read)."""
+    bits = DENSE_BITS.get(x.dtype)
+    if bits is None or x.dim() != 4 or (x.shape[-2] and x.stride(-1) != 1):
+        return None
+    return Fused(x, bits)
+
+
+def enabled() -> bool:
+    return os.environ.get("KVBENCH_FUSED", "1") != "0"
+
+
+@functools.cache
+def _module() -> Any | None:
+    """The compiled kernel, built on first use; ``None`` (logged once) where it cannot be built."""
+    try:
+        from torch.utils.cpp_extension import load
+
+        build = cache_dir() / "kernels" / f"torch-{torch.__version__}"
+        build.mkdir(parents=True, exist_ok=True)
+        source = Path(__file__).with_name("fused_attend.cpp")
+        return load(name="kvbench_fused_attend", sources=[str(source)], build_directory=str(build),
+                    extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as exc:  # no compiler, no headers: the blocks serve every query, slower
+        log.warning("kvbench: the fused attention kernel could not be built (%s); attention reads blocks",
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
+
+
+def available() -> bool:
+    """Whether the kernel is built (building it now if needed) and enabled."""
+    return enabled() and _module() is not None
+
+
+def reader() -> str:
+    """What reads a compressed cache in this process: ``"fused"`` or ``"blocks"``."""
+    return "fused" if available() else "blocks"
+
+
+def attend(qg: torch.Tensor, keys: list[Fused], values: list[Fused], mask: torch.Tensor | None,
+           q_len: int, scaling: float) -> torch.Tensor | None:
+    """``[b, kv_heads, rows, d]`` float32 attention of the grouped query ``qg`` (rows ``g * q_len``, float32 on
+    CPU) over the parts, or ``None`` where the kernel does not apply (then the caller reads blocks).
+
+    ``mask``: ``None``, or boolean / additive, viewable as ``[b or 1, kv_heads or 1, g or 1, q_len, tokens]``
+    (``blockattn.grouped_mask``'s layout).
+    """
+    if not (qg.is_cpu and qg.dtype == torch.float32 and qg.shape[-2] <= MAX_ROWS and enabled()):
+        return None
+    mod = _module()
+    if mod is None:
+        return None
+    kt, ki, vt, vi = [], [], [], []
+    for parts, ts, ints in ((keys, kt, ki), (values, vt, vi)):
+        for p in parts:
+            t, i = p.flat()
+            ts += t
+            ints += i
+    m = EMPTY
+    if mask is not None:
+        m = torch.where(mask, 0.0, float("-inf")) if mask.dtype == torch.bool else mask.float()
+    return mod.attend(qg.contiguous(), kt, ki, vt, vi, m, q_len, scaling, CHUNK_TOKENS)

@@ -1,0 +1,482 @@
+// Fused attention over a stored (compressed) cache, for short queries: kvbench.fused's kernel.
+//
+// Why a kernel of our own: attention that reads codes without a dense copy needs the decode of a key or value
+// row next to the products that use it. Composed of PyTorch ops, every block is decoded into a float tensor in
+// memory and read back by a matmul, several times the bytes SDPA reads from a dense cache (blockattn's reader,
+// kept as the reference and the fallback). No library we may depend on reads these formats on CPU: PyTorch's
+// int8 weight-only GEMV takes one layout of one format, and fused attention kernels (SDPA, vLLM's paged FP8
+// reader) read dense or their own pages only. Here each row is decoded once into registers-sized scratch
+// (one head_dim of float32) and used at once by every query row of its KV head.
+//
+// Shape of the computation: flash-decoding (Dao et al. 2023): the tokens are cut into chunks, each chunk of
+// each (batch row, KV head) is one task computing its own softmax maximum, denominator and weighted sum, and
+// the chunks are merged with the online-softmax correction (Milakov & Gimelshein 2018). Scales are applied to
+// the decoded row (a per-token scale and zero point, or a per-channel one), as dequantize-then-attend does.
+//
+// A part is a run of tokens in one format: dense (float32, bfloat16, float16) or codes of 8, 4 or 2 bits
+// (packed along head_dim, first code in the low bits), read through a value table (FP8 bytes, two's-complement
+// mantissas) or as integers, times an optional scale and plus an optional zero point, each indexed by
+// (token / tg, channel / cg) (tg = 0: one row for every token).
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace {
+
+enum Meta { kNone = 0, kF32 = 1, kF16 = 2, kE8M0 = 3 };
+
+struct Side {  // a scale or a zero point
+  int type = kNone;
+  const void* ptr = nullptr;
+  int64_t sb = 0, sh = 0, sr = 0, sc = 0;
+
+  inline float at(int64_t off) const {
+    switch (type) {
+      case kF32: return static_cast<const float*>(ptr)[off];
+      case kF16: return static_cast<float>(static_cast<const c10::Half*>(ptr)[off]);
+      default: return std::ldexp(1.0f, static_cast<int>(static_cast<const uint8_t*>(ptr)[off]) - 127);
+    }
+  }
+};
+
+struct Part {
+  int64_t first = 0, n = 0;
+  int bits = 0;  // 0 float32, 16 bfloat16, -16 float16, or 8/4/2-bit codes
+  bool is_signed = false;
+  const float* table = nullptr;
+  const void* data = nullptr;
+  int64_t sb = 0, sh = 0, sn = 0;  // element strides along batch, head, token (the last dim is contiguous)
+  int64_t tg = 1, cg = 1;
+  Side scale, zero;
+};
+
+Side side(const torch::Tensor& t) {
+  Side s;
+  if (!t.defined() || t.numel() == 0) return s;
+  TORCH_CHECK(t.dim() == 4, "a scale or zero point is [batch, heads, rows, cols]");
+  if (t.scalar_type() == torch::kFloat32) s.type = kF32;
+  else if (t.scalar_type() == torch::kFloat16) s.type = kF16;
+  else if (t.scalar_type() == torch::kUInt8) s.type = kE8M0;
+  else TORCH_CHECK(false, "scale dtype must be float32, float16 or uint8 (E8M0)");
+  s.ptr = t.data_ptr();
+  s.sb = t.size(0) == 1 ? 0 : t.stride(0);
+  s.sh = t.size(1) == 1 ? 0 : t.stride(1);
+  s.sr = t.stride(2);
+  s.sc = t.stride(3);
+  return s;
+}
+
+std::vector<Part> parts(const std::vector<torch::Tensor>& ts, const std::vector<int64_t>& is) {
+  TORCH_CHECK(ts.size() % 4 == 0 && is.size() == ts.size(), "4 tensors and 4 ints per part");
+  std::vector<Part> out;
+  int64_t first = 0;
+  for (size_t i = 0; i < ts.size(); i += 4) {
+    Part p;
+    const auto& data = ts[i];
+    TORCH_CHECK(data.dim() == 4 && data.stride(3) == 1, "part data is [batch, heads, tokens, width], rows contiguous");
+    p.bits = static_cast<int>(is[i]);
+    p.is_signed = is[i + 1] != 0;
+    p.tg = is[i + 2];
+    p.cg = is[i + 3];
+    p.data = data.data_ptr();
+    p.sb = data.size(0) == 1 ? 0 : data.stride(0);
+    p.sh = data.size(1) == 1 ? 0 : data.stride(1);
+    p.sn = data.stride(2);
+    p.n = data.size(2);
+    p.first = first;
+    first += p.n;
+    if (ts[i + 1].defined() && ts[i + 1].numel()) p.table = ts[i + 1].data_ptr<float>();
+    p.scale = side(ts[i + 2]);
+    p.zero = side(ts[i + 3]);
+    out.push_back(p);
+  }
+  return out;
+}
+
+// Exact-enough exp for x <= 0 (a score minus its row maximum), written so the compiler vectorizes it:
+// Cephes' expf (range reduction by ln 2 in two parts, a degree-6 polynomial), about 1 ulp; 0 below -87.3
+// (-inf included), where float32's exp underflows anyway.
+inline float exp_nonpos(float x) {
+  const float xc = x < -87.3f ? -87.3f : x;
+  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float e = p * r * r + r + 1.0f;
+  union { int32_t i; float f; } u;
+  u.i = (static_cast<int32_t>(n) + 127) << 23;
+  return x < -87.3f ? 0.f : e * u.f;
+}
+
+enum Kind { kDenseF32, kDenseBF16, kDenseF16, kInt8, kUInt8, kTable8, kNib, kCrumb };
+
+inline int kind_of(const Part& p) {
+  switch (p.bits) {
+    case 0: return kDenseF32;
+    case 16: return kDenseBF16;
+    case -16: return kDenseF16;
+    case 8: return p.table ? kTable8 : (p.is_signed ? kInt8 : kUInt8);
+    case 4: return kNib;
+    case 2: return kCrumb;
+    default: TORCH_CHECK(false, "unsupported part width ", p.bits);
+  }
+  return 0;
+}
+
+// The raw values (codes through the table, or as integers) of one row into out[0:d].
+template <int K>
+inline void raw_row(const Part& p, int64_t off, int64_t d, float* out) {
+  if constexpr (K == kDenseF32) {
+    const float* x = static_cast<const float*>(p.data) + off;
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) out[c] = x[c];
+  } else if constexpr (K == kDenseBF16) {
+    const uint16_t* x = static_cast<const uint16_t*>(p.data) + off;
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) {
+      union { uint32_t i; float f; } u;
+      u.i = static_cast<uint32_t>(x[c]) << 16;
+      out[c] = u.f;
+    }
+  } else if constexpr (K == kDenseF16) {
+    const c10::Half* x = static_cast<const c10::Half*>(p.data) + off;
+    for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(x[c]);
+  } else if constexpr (K == kInt8) {
+    const int8_t* x = static_cast<const int8_t*>(p.data) + off;
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(x[c]);
+  } else if constexpr (K == kUInt8) {
+    const uint8_t* x = static_cast<const uint8_t*>(p.data) + off;
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(x[c]);
+  } else if constexpr (K == kTable8) {
+    const uint8_t* x = static_cast<const uint8_t*>(p.data) + off;
+    for (int64_t c = 0; c < d; ++c) out[c] = p.table[x[c]];
+  } else if constexpr (K == kNib) {
+    const uint8_t* x = static_cast<const uint8_t*>(p.data) + off;
+    if (p.table) {
+      for (int64_t c = 0; c < d / 2; ++c) {
+        out[2 * c] = p.table[x[c] & 15];
+        out[2 * c + 1] = p.table[x[c] >> 4];
+      }
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < d / 2; ++c) {
+        out[2 * c] = static_cast<float>(x[c] & 15);
+        out[2 * c + 1] = static_cast<float>(x[c] >> 4);
+      }
+    }
+  } else {
+    const uint8_t* x = static_cast<const uint8_t*>(p.data) + off;
+    for (int64_t c = 0; c < d / 4; ++c) {
+      for (int k = 0; k < 4; ++k) {
+        const uint8_t u = (x[c] >> (2 * k)) & 3;
+        out[4 * c + k] = p.table ? p.table[u] : static_cast<float>(u);
+      }
+    }
+  }
+}
+
+// Decoded rows are used eight at a time: one pass over a query row (or an accumulator) for eight keys (values),
+// with eight independent sums, instead of one latency-bound reduction per row.
+constexpr int kTile = 8;
+
+template <typename F>
+struct Tile {
+  F use;  // use(rows, factors, positions, count)
+  int64_t d;
+  float* rows;  // [kTile, d]
+  float factor[kTile];
+  int64_t col[kTile];
+  int n = 0;
+  float* slot() { return rows + n * d; }
+  void push(float f, int64_t c) {
+    factor[n] = f;
+    col[n] = c;
+    if (++n == kTile) flush();
+  }
+  void flush() {
+    if (n) use(rows, factor, col, n);
+    n = 0;
+  }
+};
+
+// Rows j0 <= j < j1 of part p (batch b, head h), each decoded into the tile's next slot and pushed with its
+// factor and position (j + shift): the row times `factor` is the stored value. One scale per token over the whole row (int8's default) is not
+// multiplied in but handed over as the factor, to fold into the score or the probability (KIVI's fold);
+// other scales and zero points are applied to the row, a product then a sum, as the stores' dequantize does.
+template <int K, typename T>
+inline void rows_of(const Part& p, int64_t b, int64_t h, int64_t j0, int64_t j1, int64_t d, int64_t shift,
+                    float* sbuf, float* zbuf, T& tile) {
+  const bool has_scale = p.scale.type != kNone, has_zero = p.zero.type != kNone;
+  const bool fold = has_scale && !has_zero && p.cg >= d;
+  int64_t cached = -1;  // the token-group row whose scales sbuf / zbuf hold (channel groups of width 1)
+  for (int64_t j = j0; j < j1; ++j) {
+    float* row = tile.slot();
+    raw_row<K>(p, b * p.sb + h * p.sh + j * p.sn, d, row);
+    float factor = 1.f;
+    if (has_scale || has_zero) {
+      const int64_t r = p.tg > 0 ? j / p.tg : 0;
+      if (fold) {
+        factor = p.scale.at(b * p.scale.sb + h * p.scale.sh + r * p.scale.sr);
+      } else if (p.cg > 1) {
+        const int64_t sbase = b * p.scale.sb + h * p.scale.sh + r * p.scale.sr;
+        const int64_t zbase = b * p.zero.sb + h * p.zero.sh + r * p.zero.sr;
+        for (int64_t g = 0; g * p.cg < d; ++g) {
+          float* o = row + g * p.cg;
+          if (has_scale) {
+            const float v = p.scale.at(sbase + g * p.scale.sc);
+#pragma omp simd
+            for (int64_t c = 0; c < p.cg; ++c) o[c] *= v;
+          }
+          if (has_zero) {
+            const float v = p.zero.at(zbase + g * p.zero.sc);
+#pragma omp simd
+            for (int64_t c = 0; c < p.cg; ++c) o[c] += v;
+          }
+        }
+      } else {
+        if (r != cached) {  // a new token group: its per-channel scale and zero, once
+          for (int64_t c = 0; c < d; ++c) {
+            sbuf[c] = has_scale ? p.scale.at(b * p.scale.sb + h * p.scale.sh + r * p.scale.sr + c * p.scale.sc) : 1.f;
+            zbuf[c] = has_zero ? p.zero.at(b * p.zero.sb + h * p.zero.sh + r * p.zero.sr + c * p.zero.sc) : 0.f;
+          }
+          cached = r;
+        }
+#pragma omp simd
+        for (int64_t c = 0; c < d; ++c) row[c] *= sbuf[c];
+        if (has_zero) {
+#pragma omp simd
+          for (int64_t c = 0; c < d; ++c) row[c] += zbuf[c];
+        }
+      }
+    }
+    tile.push(factor, j + shift);
+  }
+}
+
+template <typename T>
+inline void dispatch_rows(const Part& p, int64_t b, int64_t h, int64_t j0, int64_t j1, int64_t d, int64_t shift,
+                          float* sbuf, float* zbuf, T& f) {
+  switch (kind_of(p)) {
+    case kDenseF32: return rows_of<kDenseF32>(p, b, h, j0, j1, d, shift, sbuf, zbuf, f);
+    case kDenseBF16: return rows_of<kDenseBF16>(p, b, h, j0, j1, d, shift, sbuf, zbuf, f);
+    case kDenseF16: return rows_of<kDenseF16>(p, b, h, j0, j1, d, shift, sbuf, zbuf, f);
+    case kInt8: return rows_of<kInt8>(p, b, h, j0, j1, d, shift, sbuf, zbuf, f);
+    case kUInt8: return rows_of<kUInt8>(p, b, h, j0, j1, d, shift, sbuf, zbuf, f);
+    case kTable8: return rows_of<kTable8>(p, b, h, j0, j1, d, shift, sbuf, zbuf, f);
+    case kNib: return rows_of<kNib>(p, b, h, j0, j1, d, shift, sbuf, zbuf, f);
+    default: return rows_of<kCrumb>(p, b, h, j0, j1, d, shift, sbuf, zbuf, f);
+  }
+}
+
+template <int DC>
+inline float dot_fixed(const float* a, const float* b) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int c = 0; c < DC; ++c) acc += a[c] * b[c];
+  return acc;
+}
+
+// The common head widths as compile-time constants: the loop unrolls into whole vectors with one reduction.
+inline float dot(const float* a, const float* b, int64_t d) {
+  if (d == 64) return dot_fixed<64>(a, b);
+  if (d == 128) return dot_fixed<128>(a, b);
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t c = 0; c < d; ++c) acc += a[c] * b[c];
+  return acc;
+}
+
+template <int DC>
+inline void axpy_fixed(float w, const float* x, float* y) {
+#pragma omp simd
+  for (int c = 0; c < DC; ++c) y[c] += w * x[c];
+}
+
+inline void axpy(float w, const float* x, float* y, int64_t d) {
+  if (d == 64) return axpy_fixed<64>(w, x, y);
+  if (d == 128) return axpy_fixed<128>(w, x, y);
+#pragma omp simd
+  for (int64_t c = 0; c < d; ++c) y[c] += w * x[c];
+}
+
+// Every token n0 <= n < n1 of the parts, in order, through the tile (flushed at the end).
+template <typename T>
+inline void each_row(const std::vector<Part>& ps, int64_t b, int64_t h, int64_t n0, int64_t n1, int64_t d,
+                     float* sbuf, float* zbuf, T& tile) {
+  for (const Part& p : ps) {
+    const int64_t lo = std::max(n0, p.first), hi = std::min(n1, p.first + p.n);
+    if (lo < hi) dispatch_rows(p, b, h, lo - p.first, hi - p.first, d, p.first - n0, sbuf, zbuf, tile);
+  }
+  tile.flush();
+}
+
+// Eight dot products of q with rows r[0..7] (each DC wide, consecutive).
+template <int DC>
+inline void dots8(const float* q, const float* r, float* out) {
+  float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f, a4 = 0.f, a5 = 0.f, a6 = 0.f, a7 = 0.f;
+#pragma omp simd reduction(+ : a0, a1, a2, a3, a4, a5, a6, a7)
+  for (int c = 0; c < DC; ++c) {
+    const float x = q[c];
+    a0 += x * r[c];
+    a1 += x * r[DC + c];
+    a2 += x * r[2 * DC + c];
+    a3 += x * r[3 * DC + c];
+    a4 += x * r[4 * DC + c];
+    a5 += x * r[5 * DC + c];
+    a6 += x * r[6 * DC + c];
+    a7 += x * r[7 * DC + c];
+  }
+  out[0] = a0, out[1] = a1, out[2] = a2, out[3] = a3, out[4] = a4, out[5] = a5, out[6] = a6, out[7] = a7;
+}
+
+// y += sum_t w[t] * r[t] over eight rows.
+template <int DC>
+inline void axpy8(const float* w, const float* r, float* y) {
+#pragma omp simd
+  for (int c = 0; c < DC; ++c) {
+    y[c] += w[0] * r[c] + w[1] * r[DC + c] + w[2] * r[2 * DC + c] + w[3] * r[3 * DC + c] +
+            w[4] * r[4 * DC + c] + w[5] * r[5 * DC + c] + w[6] * r[6 * DC + c] + w[7] * r[7 * DC + c];
+  }
+}
+
+inline void tile_dots(const float* q, const float* rows, int n, int64_t d, float* out) {
+  if (n == kTile && d == 64) return dots8<64>(q, rows, out);
+  if (n == kTile && d == 128) return dots8<128>(q, rows, out);
+  for (int t = 0; t < n; ++t) out[t] = dot(q, rows + t * d, d);
+}
+
+inline void tile_axpy(const float* w, const float* rows, int n, int64_t d, float* y) {
+  if (n == kTile && d == 64) return axpy8<64>(w, rows, y);
+  if (n == kTile && d == 128) return axpy8<128>(w, rows, y);
+  for (int t = 0; t < n; ++t) axpy(w[t], rows + t * d, y, d);
+}
+
+}  // namespace
+
+// q: [B, H, M, D] float32 contiguous (M = group * q_len query rows per KV head, row m = g * q_len + i);
+// mask: empty or additive float32 [B, H, G, Q, N] (strides may be 0); chunk: tokens per task; returns
+// [B, H, M, D] float32.
+torch::Tensor attend(const torch::Tensor& q, const std::vector<torch::Tensor>& kt, const std::vector<int64_t>& ki,
+                     const std::vector<torch::Tensor>& vt, const std::vector<int64_t>& vi, const torch::Tensor& mask,
+                     int64_t q_len, double scaling, int64_t chunk) {
+  TORCH_CHECK(q.dim() == 4 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(), "q: [B, H, M, D] float32");
+  const int64_t B = q.size(0), H = q.size(1), M = q.size(2), D = q.size(3);
+  const auto kp = parts(kt, ki), vp = parts(vt, vi);
+  int64_t N = 0;
+  for (const auto& p : kp) N += p.n;
+  int64_t NV = 0;
+  for (const auto& p : vp) NV += p.n;
+  TORCH_CHECK(N == NV, "keys and values hold different numbers of tokens");
+  const bool masked = mask.defined() && mask.numel() > 0;
+  const float* mk = nullptr;
+  int64_t ms[5] = {0, 0, 0, 0, 0};
+  if (masked) {
+    TORCH_CHECK(mask.dim() == 5 && mask.scalar_type() == torch::kFloat32, "mask: [B, H, G, Q, N] float32");
+    mk = mask.data_ptr<float>();
+    for (int i = 0; i < 5; ++i) ms[i] = mask.size(i) == 1 ? 0 : mask.stride(i);
+  }
+  TORCH_CHECK(chunk > 0, "chunk > 0");
+  const int64_t chunks = std::max<int64_t>(1, (N + chunk - 1) / chunk);
+  const int64_t tasks = B * H * chunks;
+  auto pmax = torch::empty({tasks, M});
+  auto psum = torch::empty({tasks, M});
+  auto pacc = torch::empty({tasks, M, D});
+  float* pm = pmax.data_ptr<float>();
+  float* ps = psum.data_ptr<float>();
+  float* pa = pacc.data_ptr<float>();
+  const float* qp = q.data_ptr<float>();
+  const float scl = static_cast<float>(scaling);
+  const float ninf = -std::numeric_limits<float>::infinity();
+
+  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> s(M * chunk), rows(kTile * D), sbuf(D), zbuf(D);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / (H * chunks), h = (t / chunks) % H, c = t % chunks;
+      const int64_t n0 = c * chunk, n1 = std::min(N, n0 + chunk), L = n1 - n0;
+      const float* qb = qp + (b * H + h) * M * D;
+      auto score = [&](const float* r, const float* f, const int64_t* col, int n) {
+        float out[kTile];
+        for (int64_t m = 0; m < M; ++m) {
+          tile_dots(qb + m * D, r, n, D, out);
+          for (int i = 0; i < n; ++i) s[m * L + col[i]] = out[i] * f[i] * scl;
+        }
+      };
+      Tile<decltype(score)> keys{score, D, rows.data()};
+      each_row(kp, b, h, n0, n1, D, sbuf.data(), zbuf.data(), keys);
+      float* accs = pa + t * M * D;
+      for (int64_t m = 0; m < M; ++m) {
+        float* sm = s.data() + m * L;
+        if (masked) {
+          const float* mrow = mk + b * ms[0] + h * ms[1] + (m / q_len) * ms[2] + (m % q_len) * ms[3];
+          for (int64_t col = 0; col < L; ++col) sm[col] += mrow[(n0 + col) * ms[4]];
+        }
+        float top = ninf;
+        for (int64_t col = 0; col < L; ++col) top = std::max(top, sm[col]);
+        // A row masked everywhere in this chunk keeps max -inf: its probabilities are 0, its sums 0.
+        const float safe = std::isinf(top) ? 0.f : top;
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t col = 0; col < L; ++col) {
+          sm[col] = exp_nonpos(sm[col] - safe);
+          sum += sm[col];
+        }
+        pm[t * M + m] = top;
+        ps[t * M + m] = sum;
+        std::fill(accs + m * D, accs + (m + 1) * D, 0.f);
+      }
+      auto weigh = [&](const float* r, const float* f, const int64_t* col, int n) {
+        float w[kTile];
+        for (int64_t m = 0; m < M; ++m) {
+          bool any = false;
+          for (int i = 0; i < n; ++i) any |= (w[i] = s[m * L + col[i]] * f[i]) != 0.f;
+          if (any) tile_axpy(w, r, n, D, accs + m * D);
+        }
+      };
+      Tile<decltype(weigh)> values{weigh, D, rows.data()};
+      each_row(vp, b, h, n0, n1, D, sbuf.data(), zbuf.data(), values);
+    }
+  });
+
+  auto out = torch::empty({B, H, M, D});
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, B * H * M, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t bh = r / M, m = r % M;
+      float top = ninf;
+      for (int64_t c = 0; c < chunks; ++c) top = std::max(top, pm[(bh * chunks + c) * M + m]);
+      const float safe = std::isinf(top) ? 0.f : top;
+      float total = 0.f;
+      float* o = op + r * D;
+      std::fill(o, o + D, 0.f);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t t = bh * chunks + c;
+        const float mc = pm[t * M + m];
+        const float w = std::isinf(mc) ? 0.f : std::exp(mc - safe);
+        if (w == 0.f) continue;
+        total += w * ps[t * M + m];
+        const float* a = pa + (t * M + m) * D;
+        for (int64_t d = 0; d < D; ++d) o[d] += w * a[d];
+      }
+      for (int64_t d = 0; d < D; ++d) o[d] /= total;  // 0 / 0 for a row that sees no token, as blockattn gives
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("attend", &attend, "Fused block attention over stored parts (kvbench.fused)");
+}

@@ -1,0 +1,152 @@
+"""The fused reader (``kvbench.fused``, ``kvbench/fused_attend.cpp``) equals blockattn's blocks on every format.
+
+Every chunk format the stores hold (int8 by tokens and by channels, KIVI's packed 4- and 2-bit codes with zero
+points, FP8 with a per-tensor or per-channel scale, block floating point with 8- and 4-bit mantissas, dense
+residuals in float32, bfloat16 and float16) is cut into pieces of uneven lengths, and attention of a short
+grouped query over them is computed twice: by the kernel (chunks of a few tokens, so the online-softmax merge runs
+across piece boundaries) and by ``blockattn``'s PyTorch blocks (``KVBENCH_FUSED=0``), which is itself checked
+against dequantize-then-SDPA by tests/test_attention.py. Masks: none, boolean with per-head padding, additive.
+The registry-wide test in tests/test_attention.py runs every strategy through whichever reader applies.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvbench import blockattn, fused
+from kvbench.quantizers import (
+    fp8_scale,
+    quantize_asymmetric,
+    quantize_bfp,
+    quantize_fp8,
+    quantize_int8,
+)
+
+pytestmark = pytest.mark.skipif(not fused.available(), reason="the fused kernel could not be built here")
+
+D = 16
+
+
+def _formats(ref: torch.Tensor) -> dict:
+    return {
+        "int8-token": lambda x: quantize_int8(x, D, "token"),
+        "int8-token-g8": lambda x: quantize_int8(x, 8, "token"),
+        "int8-channel": lambda x: quantize_int8(x, 4, "channel"),
+        "int4-token": lambda x: quantize_asymmetric(x, 4, 8, "token"),
+        "int4-channel": lambda x: quantize_asymmetric(x, 4, 4, "channel"),
+        "int2-channel": lambda x: quantize_asymmetric(x, 2, 4, "channel"),
+        "int2-token": lambda x: quantize_asymmetric(x, 2, 8, "token"),
+        "fp8-tensor": lambda x: quantize_fp8(x, "e4m3", fp8_scale(ref, "e4m3", "tensor"))[0],
+        "fp8-channel": lambda x: quantize_fp8(x, "e5m2", fp8_scale(ref, "e5m2", "channel"))[0],
+        "bfp8": lambda x: quantize_bfp(x, 8, 8),
+        "bfp4": lambda x: quantize_bfp(x, 4, 8),
+        "dense-f32": lambda x: blockattn.Dense(x.float()),
+        "dense-bf16": lambda x: blockattn.Dense(x.bfloat16()),
+        "dense-f16": lambda x: blockattn.Dense(x.half()),
+    }
+
+
+FORMATS = list(_formats(torch.zeros(1, 1, 1, D)))
+PIECES = [12, 4, 20, 8, 4, 12]  # multiples of every channel-axis group above; 60 tokens
+
+
+def _runs(fmt: str, k: torch.Tensor, v: torch.Tensor, residual: int) -> tuple[blockattn.TokenRun, ...]:
+    runs = []
+    for x in (k, v):
+        enc, parts, at = _formats(x)[fmt], [], 0
+        for n in PIECES:
+            parts.append(enc(x[..., at:at + n, :]))
+            at += n
+        if residual:  # a dense residual after the codes, as KIVI's stores hold
+            parts.append(blockattn.Dense(x[..., :residual, :].to(torch.bfloat16)))
+        runs.append(blockattn.TokenRun(parts, x.shape[1]))
+    return tuple(runs)
+
+
+def _both(monkeypatch, query, keys, values, mask, scaling=0.25):
+    monkeypatch.setenv("KVBENCH_FUSED", "0")
+    ref = blockattn.attend(query, keys, values, mask, scaling)
+    monkeypatch.setenv("KVBENCH_FUSED", "1")
+    calls = []
+    real = fused._module().attend
+    monkeypatch.setattr(fused, "_module", lambda: type("M", (), {"attend": staticmethod(
+        lambda *a: calls.append(1) or real(*a))}))
+    out = blockattn.attend(query, keys, values, mask, scaling)
+    assert calls, "the fused kernel did not run"
+    return out, ref
+
+
+def _mask(kind: str, b: int, hq: int, q: int, n: int, g: torch.Generator) -> torch.Tensor | None:
+    if kind == "none":
+        return None
+    visible = torch.rand(b, hq, q, n, generator=g) > 0.3
+    visible[..., -1] = True  # every query sees a token
+    visible[0, :, :, :5] = False  # left padding of row 0
+    if kind == "bool":
+        return visible
+    return torch.where(visible, torch.randn(b, hq, q, n, generator=g) * 0.1, float("-inf"))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("mask", ["none", "bool", "additive"])
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_fused_equals_blocks(monkeypatch, fmt, mask, q_len):
+    monkeypatch.setattr(fused, "CHUNK_TOKENS", 7)  # chunks straddle pieces; the last chunk is short
+    g = torch.Generator().manual_seed(hash((fmt, mask, q_len)) % 2**31)
+    b, hkv, group = 2, 2, 3
+    k, v = (torch.randn(b, hkv, sum(PIECES), D, generator=g).to(torch.bfloat16) for _ in range(2))
+    keys, values = _runs(fmt, k, v, residual=5)
+    query = torch.randn(b, hkv * group, q_len, D, generator=g).to(torch.bfloat16)
+    m = _mask(mask, b, hkv * group, q_len, keys.num_tokens, g)
+    out, ref = _both(monkeypatch, query, keys, values, m)
+    assert out.dtype == query.dtype and out.shape == query.shape
+    torch.testing.assert_close(out.float(), ref.float(), atol=1e-2, rtol=1e-2)  # bfloat16 outputs: one ulp
+    # In float32 the two readers differ only in the order of float32 sums.
+    out32, ref32 = _both(monkeypatch, query.float(), keys, values, m)
+    torch.testing.assert_close(out32, ref32, atol=2e-5, rtol=2e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=5), chunk=st.integers(1, 64),
+       group=st.sampled_from([1, 2, 4]), seed=st.integers(0, 2**16))
+def test_fused_int8_any_pieces_and_chunks(lengths, chunk, group, seed):
+    """int8 (the headline format) over any cut into pieces and any chunk size equals the blocks."""
+    g = torch.Generator().manual_seed(seed)
+    n = sum(lengths)
+    k, v = (torch.randn(1, 2, n, D, generator=g) * 3 for _ in range(2))
+    runs = []
+    for x in (k, v):
+        parts, at = [], 0
+        for m in lengths:
+            parts.append(quantize_int8(x[..., at:at + m, :], D, "token"))
+            at += m
+        runs.append(blockattn.TokenRun(parts, 2))
+    qg = torch.randn(1, 2, group, D, generator=g)
+    old = fused.CHUNK_TOKENS
+    fused.CHUNK_TOKENS = chunk
+    try:
+        out = fused.attend(qg, runs[0].fused(), runs[1].fused(), None, 1, 0.3)
+    finally:
+        fused.CHUNK_TOKENS = old
+    assert out is not None
+    # The reference: dequantize, then one softmax over all tokens.
+    kd = torch.cat([p.dequantize(torch.float32) for p in runs[0].parts], -2)
+    vd = torch.cat([p.dequantize(torch.float32) for p in runs[1].parts], -2)
+    ref = torch.softmax(qg @ kd.transpose(-1, -2) * 0.3, -1) @ vd
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_long_queries_and_undescribed_parts_read_blocks():
+    """More query rows than the kernel takes, or a part without a description, go to the blocks."""
+    k = torch.randn(1, 1, 8, D)
+    run = blockattn.TokenRun([quantize_int8(k, D, "token")], 1)
+    wide = torch.randn(1, 1, fused.MAX_ROWS + 1, D)
+    assert fused.attend(wide, run.fused(), run.fused(), None, fused.MAX_ROWS + 1, 1.0) is None
+
+    class Opaque:
+        num_tokens = 8
+
+    assert blockattn.TokenRun([Opaque()], 1).fused() is None
