@@ -39,6 +39,8 @@ CHUNK_TOKENS = 256
 
 #: Part widths the kernel reads (``Fused.bits``): dense float32, bfloat16, float16, and 8/4/2-bit codes.
 DENSE_BITS = {torch.float32: 0, torch.bfloat16: 16, torch.float16: -16}
+#: How codes are read (``Fused.mode``): integers, two's-complement integers, FP8 bytes (8-bit codes only).
+MODES = ("unsigned", "signed", "e4m3", "e5m2")
 EMPTY = torch.empty(0)
 
 
@@ -46,13 +48,13 @@ EMPTY = torch.empty(0)
 class Fused:
     """A part as the kernel reads it: ``data`` ``[b, kv_heads, tokens, width]`` (rows contiguous), either dense
     (``bits`` from :data:`DENSE_BITS`) or codes of ``bits`` bits packed along the width, first in the low bits,
-    each read through ``table`` (float32, one value per code) or as a (``signed``) integer; then times ``scale``
-    and plus ``zero``, both ``[b or 1, kv_heads or 1, rows, cols]`` indexed by (token // ``tg``, channel //
-    ``cg``) (``tg = 0``: row 0 for every token). Scales are float32, float16 or uint8 E8M0 exponents."""
+    each read as ``mode`` says (:data:`MODES`) or through ``table`` (float32, one value per code); then times
+    ``scale`` and plus ``zero``, both ``[b or 1, kv_heads or 1, rows, cols]`` indexed by (token // ``tg``, channel
+    // ``cg``) (``tg = 0``: row 0 for every token). Scales are float32, float16 or uint8 E8M0 exponents."""
 
     data: torch.Tensor
     bits: int
-    signed: bool = False
+    mode: str = "unsigned"
     table: torch.Tensor | None = None
     scale: torch.Tensor | None = None
     zero: torch.Tensor | None = None
@@ -62,7 +64,7 @@ class Fused:
     def flat(self) -> tuple[list[torch.Tensor], list[int]]:
         tensors = [self.data, EMPTY if self.table is None else self.table,
                    EMPTY if self.scale is None else self.scale, EMPTY if self.zero is None else self.zero]
-        return tensors, [self.bits, int(self.signed), self.tg, self.cg]
+        return tensors, [self.bits, MODES.index(self.mode), self.tg, self.cg]
 
 
 def dense(x: torch.Tensor) -> Fused | None:
@@ -94,6 +96,12 @@ def _module() -> Any | None:
         return None
 
 
+def native() -> Any | None:
+    """The compiled module where it is built and enabled (its ops are bit-identical to the PyTorch ones they
+    replace: tests/test_fused.py), else ``None``."""
+    return _module() if enabled() else None
+
+
 def available() -> bool:
     """Whether the kernel is built (building it now if needed) and enabled."""
     return enabled() and _module() is not None
@@ -112,7 +120,8 @@ def attend(qg: torch.Tensor, keys: list[Fused], values: list[Fused], mask: torch
     ``mask``: ``None``, or boolean / additive, viewable as ``[b or 1, kv_heads or 1, g or 1, q_len, tokens]``
     (``blockattn.grouped_mask``'s layout).
     """
-    if not (qg.is_cpu and qg.dtype == torch.float32 and qg.shape[-2] <= MAX_ROWS and enabled()):
+    if not (qg.is_cpu and qg.dtype == torch.float32 and qg.shape[-2] <= MAX_ROWS and enabled()
+            and qg.shape[-1] <= 512 and qg.shape[-1] % 4 == 0):  # head_dim: the kernel's row scratch
         return None
     mod = _module()
     if mod is None:

@@ -14,16 +14,21 @@
 // the decoded row (a per-token scale and zero point, or a per-channel one), as dequantize-then-attend does.
 //
 // A part is a run of tokens in one format: dense (float32, bfloat16, float16) or codes of 8, 4 or 2 bits
-// (packed along head_dim, first code in the low bits), read through a value table (FP8 bytes, two's-complement
-// mantissas) or as integers, times an optional scale and plus an optional zero point, each indexed by
+// (packed along head_dim, first code in the low bits) read as unsigned or two's-complement integers, as FP8
+// (E4M3, E5M2) or through a value table, times an optional scale and plus an optional zero point, each indexed by
 // (token / tg, channel / cg) (tg = 0: one row for every token).
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
 #include <c10/util/Half.h>
 
 #include <cmath>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -40,8 +45,19 @@ struct Side {  // a scale or a zero point
   inline float at(int64_t off) const {
     switch (type) {
       case kF32: return static_cast<const float*>(ptr)[off];
-      case kF16: return static_cast<float>(static_cast<const c10::Half*>(ptr)[off]);
-      default: return std::ldexp(1.0f, static_cast<int>(static_cast<const uint8_t*>(ptr)[off]) - 127);
+      case kF16: {
+#if defined(__F16C__)
+        return _cvtsh_ss(static_cast<const uint16_t*>(ptr)[off]);  // one instruction, not c10's bit arithmetic
+#else
+        return static_cast<float>(static_cast<const c10::Half*>(ptr)[off]);
+#endif
+      }
+      default: {  // E8M0: 2^(e - 127), built from its bits (e = 0 is the float32 subnormal 2^-127)
+        const uint32_t e = static_cast<const uint8_t*>(ptr)[off];
+        union { uint32_t i; float f; } u;
+        u.i = e ? e << 23 : 1u << 22;
+        return u.f;
+      }
     }
   }
 };
@@ -49,7 +65,7 @@ struct Side {  // a scale or a zero point
 struct Part {
   int64_t first = 0, n = 0;
   int bits = 0;  // 0 float32, 16 bfloat16, -16 float16, or 8/4/2-bit codes
-  bool is_signed = false;
+  int mode = 0;  // codes: 0 unsigned, 1 two's complement, 2 FP8 E4M3, 3 FP8 E5M2 (8-bit only)
   const float* table = nullptr;
   const void* data = nullptr;
   int64_t sb = 0, sh = 0, sn = 0;  // element strides along batch, head, token (the last dim is contiguous)
@@ -82,7 +98,8 @@ std::vector<Part> parts(const std::vector<torch::Tensor>& ts, const std::vector<
     const auto& data = ts[i];
     TORCH_CHECK(data.dim() == 4 && data.stride(3) == 1, "part data is [batch, heads, tokens, width], rows contiguous");
     p.bits = static_cast<int>(is[i]);
-    p.is_signed = is[i + 1] != 0;
+    p.mode = static_cast<int>(is[i + 1]);
+    TORCH_CHECK(p.mode >= 0 && p.mode <= 3 && (p.mode < 2 || p.bits == 8), "unknown code mode ", p.mode);
     p.tg = is[i + 2];
     p.cg = is[i + 3];
     p.data = data.data_ptr();
@@ -120,71 +137,93 @@ inline float exp_nonpos(float x) {
   return x < -87.3f ? 0.f : e * u.f;
 }
 
-enum Kind { kDenseF32, kDenseBF16, kDenseF16, kInt8, kUInt8, kTable8, kNib, kCrumb };
+enum Kind { kDenseF32, kDenseBF16, kDenseF16, kTable8, kU8, kS8, kE4M3, kE5M2, kU4, kS4, kU2, kS2, kTable4, kTable2 };
 
 inline int kind_of(const Part& p) {
   switch (p.bits) {
     case 0: return kDenseF32;
     case 16: return kDenseBF16;
     case -16: return kDenseF16;
-    case 8: return p.table ? kTable8 : (p.is_signed ? kInt8 : kUInt8);
-    case 4: return kNib;
-    case 2: return kCrumb;
+    case 8: return p.table ? kTable8 : (p.mode == 0 ? kU8 : p.mode == 1 ? kS8 : p.mode == 2 ? kE4M3 : kE5M2);
+    case 4: return p.table ? kTable4 : (p.mode ? kS4 : kU4);
+    case 2: return p.table ? kTable2 : (p.mode ? kS2 : kU2);
     default: TORCH_CHECK(false, "unsupported part width ", p.bits);
   }
   return 0;
 }
 
-// The raw values (codes through the table, or as integers) of one row into out[0:d].
+// An FP8 byte as float32, exactly, without a table: its 7 magnitude bits placed at the top of a float32's exponent
+// and mantissa fields give the same value times 2^(127 - bias) (subnormals included: the float32 is then
+// subnormal too, and the product is exact), and the sign bit moves to the float's.
+template <int Shift, int Bias>
+inline float fp8_value(uint8_t b) {
+  union { uint32_t i; float f; } u;
+  u.i = (static_cast<uint32_t>(b & 0x80) << 24) | (static_cast<uint32_t>(b & 0x7F) << Shift);
+  return u.f * (Bias == 7 ? 0x1p120f : 0x1p112f);
+}
+
+// The raw values (codes as integers, FP8 values or through the table; dense rows as they are) into out[0:d].
 template <int K>
 inline void raw_row(const Part& p, int64_t off, int64_t d, float* out) {
+  const uint8_t* x = static_cast<const uint8_t*>(p.data) + (K <= kDenseF16 ? 0 : off);
   if constexpr (K == kDenseF32) {
-    const float* x = static_cast<const float*>(p.data) + off;
+    const float* v = static_cast<const float*>(p.data) + off;
 #pragma omp simd
-    for (int64_t c = 0; c < d; ++c) out[c] = x[c];
+    for (int64_t c = 0; c < d; ++c) out[c] = v[c];
   } else if constexpr (K == kDenseBF16) {
-    const uint16_t* x = static_cast<const uint16_t*>(p.data) + off;
+    const uint16_t* v = static_cast<const uint16_t*>(p.data) + off;
 #pragma omp simd
     for (int64_t c = 0; c < d; ++c) {
       union { uint32_t i; float f; } u;
-      u.i = static_cast<uint32_t>(x[c]) << 16;
+      u.i = static_cast<uint32_t>(v[c]) << 16;
       out[c] = u.f;
     }
   } else if constexpr (K == kDenseF16) {
-    const c10::Half* x = static_cast<const c10::Half*>(p.data) + off;
-    for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(x[c]);
-  } else if constexpr (K == kInt8) {
-    const int8_t* x = static_cast<const int8_t*>(p.data) + off;
-#pragma omp simd
-    for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(x[c]);
-  } else if constexpr (K == kUInt8) {
-    const uint8_t* x = static_cast<const uint8_t*>(p.data) + off;
-#pragma omp simd
-    for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(x[c]);
+    const c10::Half* v = static_cast<const c10::Half*>(p.data) + off;
+    for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(v[c]);
   } else if constexpr (K == kTable8) {
-    const uint8_t* x = static_cast<const uint8_t*>(p.data) + off;
     for (int64_t c = 0; c < d; ++c) out[c] = p.table[x[c]];
-  } else if constexpr (K == kNib) {
-    const uint8_t* x = static_cast<const uint8_t*>(p.data) + off;
-    if (p.table) {
-      for (int64_t c = 0; c < d / 2; ++c) {
-        out[2 * c] = p.table[x[c] & 15];
-        out[2 * c + 1] = p.table[x[c] >> 4];
-      }
-    } else {
+  } else if constexpr (K == kU8) {
 #pragma omp simd
-      for (int64_t c = 0; c < d / 2; ++c) {
-        out[2 * c] = static_cast<float>(x[c] & 15);
-        out[2 * c + 1] = static_cast<float>(x[c] >> 4);
-      }
+    for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(x[c]);
+  } else if constexpr (K == kS8) {
+    const int8_t* v = reinterpret_cast<const int8_t*>(x);
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(v[c]);
+  } else if constexpr (K == kE4M3) {
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) out[c] = fp8_value<20, 7>(x[c]);
+  } else if constexpr (K == kE5M2) {
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) out[c] = fp8_value<21, 15>(x[c]);
+  } else if constexpr (K == kU4 || K == kS4) {
+    // Two codes per byte, the first in the low bits: each byte spread into a 16-bit word whose bytes are its codes
+    // in order (little-endian), so the codes come out in channel order without a strided store; then converted.
+    // Two's complement: (code ^ 8) - 8.
+    uint16_t w[256];
+#pragma omp simd
+    for (int64_t c = 0; c < d / 2; ++c) w[c] = static_cast<uint16_t>((x[c] & 15) | ((x[c] >> 4) << 8));
+    const uint8_t* v = reinterpret_cast<const uint8_t*>(w);
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(K == kS4 ? (v[c] ^ 8) - 8 : v[c]);
+  } else if constexpr (K == kU2 || K == kS2) {
+    uint32_t w[128];  // four codes per byte, spread into the bytes of a 32-bit word
+#pragma omp simd
+    for (int64_t c = 0; c < d / 4; ++c) {
+      const uint32_t b = x[c];
+      w[c] = (b & 3) | ((b >> 2) & 3) << 8 | ((b >> 4) & 3) << 16 | (b >> 6) << 24;
+    }
+    const uint8_t* v = reinterpret_cast<const uint8_t*>(w);
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(K == kS2 ? (v[c] ^ 2) - 2 : v[c]);
+  } else if constexpr (K == kTable4) {
+    for (int64_t c = 0; c < d / 2; ++c) {
+      out[2 * c] = p.table[x[c] & 15];
+      out[2 * c + 1] = p.table[x[c] >> 4];
     }
   } else {
-    const uint8_t* x = static_cast<const uint8_t*>(p.data) + off;
     for (int64_t c = 0; c < d / 4; ++c) {
-      for (int k = 0; k < 4; ++k) {
-        const uint8_t u = (x[c] >> (2 * k)) & 3;
-        out[4 * c + k] = p.table ? p.table[u] : static_cast<float>(u);
-      }
+      for (int k = 0; k < 4; ++k) out[4 * c + k] = p.table[(x[c] >> (2 * k)) & 3];
     }
   }
 }
@@ -271,14 +310,13 @@ template <typename T>
 inline void dispatch_rows(const Part& p, int64_t b, int64_t h, int64_t j0, int64_t j1, int64_t d, int64_t shift,
                           float* sbuf, float* zbuf, T& f) {
   switch (kind_of(p)) {
-    case kDenseF32: return rows_of<kDenseF32>(p, b, h, j0, j1, d, shift, sbuf, zbuf, f);
-    case kDenseBF16: return rows_of<kDenseBF16>(p, b, h, j0, j1, d, shift, sbuf, zbuf, f);
-    case kDenseF16: return rows_of<kDenseF16>(p, b, h, j0, j1, d, shift, sbuf, zbuf, f);
-    case kInt8: return rows_of<kInt8>(p, b, h, j0, j1, d, shift, sbuf, zbuf, f);
-    case kUInt8: return rows_of<kUInt8>(p, b, h, j0, j1, d, shift, sbuf, zbuf, f);
-    case kTable8: return rows_of<kTable8>(p, b, h, j0, j1, d, shift, sbuf, zbuf, f);
-    case kNib: return rows_of<kNib>(p, b, h, j0, j1, d, shift, sbuf, zbuf, f);
-    default: return rows_of<kCrumb>(p, b, h, j0, j1, d, shift, sbuf, zbuf, f);
+#define KV_CASE(K) \
+  case K:          \
+    return rows_of<K>(p, b, h, j0, j1, d, shift, sbuf, zbuf, f);
+    KV_CASE(kDenseF32) KV_CASE(kDenseBF16) KV_CASE(kDenseF16) KV_CASE(kTable8) KV_CASE(kU8) KV_CASE(kS8)
+    KV_CASE(kE4M3) KV_CASE(kE5M2) KV_CASE(kU4) KV_CASE(kS4) KV_CASE(kU2) KV_CASE(kS2) KV_CASE(kTable4)
+    KV_CASE(kTable2)
+#undef KV_CASE
   }
 }
 
@@ -300,15 +338,7 @@ inline float dot(const float* a, const float* b, int64_t d) {
   return acc;
 }
 
-template <int DC>
-inline void axpy_fixed(float w, const float* x, float* y) {
-#pragma omp simd
-  for (int c = 0; c < DC; ++c) y[c] += w * x[c];
-}
-
 inline void axpy(float w, const float* x, float* y, int64_t d) {
-  if (d == 64) return axpy_fixed<64>(w, x, y);
-  if (d == 128) return axpy_fixed<128>(w, x, y);
 #pragma omp simd
   for (int64_t c = 0; c < d; ++c) y[c] += w * x[c];
 }
@@ -375,6 +405,7 @@ torch::Tensor attend(const torch::Tensor& q, const std::vector<torch::Tensor>& k
                      int64_t q_len, double scaling, int64_t chunk) {
   TORCH_CHECK(q.dim() == 4 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(), "q: [B, H, M, D] float32");
   const int64_t B = q.size(0), H = q.size(1), M = q.size(2), D = q.size(3);
+  TORCH_CHECK(D <= 512 && D % 4 == 0, "head_dim must be a multiple of 4 up to 512");  // packed rows' scratch
   const auto kp = parts(kt, ki), vp = parts(vt, vi);
   int64_t N = 0;
   for (const auto& p : kp) N += p.n;
@@ -477,6 +508,132 @@ torch::Tensor attend(const torch::Tensor& q, const std::vector<torch::Tensor>& k
   return out;
 }
 
+// Symmetric int8 with one float16 scale per group of `group` channels of a token: kvbench.quantizers.quantize_int8's
+// token axis, bit for bit (the same float32 operations in the same order: absmax / 127, rounded to float16, the
+// codes rounded half to even from x / scale and clamped to +-127), in one pass instead of a dozen tensor ops per
+// decode step and layer. Returns the codes, the scales [..., D / group, 1] and the largest float32 scale before
+// rounding (NaN if any element is NaN, +inf if any is infinite), which the caller checks as _check_metadata does.
+std::vector<torch::Tensor> quantize_int8_token(const torch::Tensor& x_in, int64_t group) {
+  const auto x = x_in.contiguous().to(torch::kFloat32);
+  const int64_t d = x.size(-1);
+  TORCH_CHECK(group > 0 && d % group == 0, "group must divide the last dimension");
+  auto codes = torch::empty(x.sizes(), x.options().dtype(torch::kInt8));
+  auto sizes = x.sizes().vec();
+  sizes.back() = d / group;
+  sizes.push_back(1);
+  auto scales = torch::empty(sizes, x.options().dtype(torch::kFloat16));
+  const int64_t groups = x.numel() / group;
+  const float* xp = x.data_ptr<float>();
+  int8_t* cp = codes.data_ptr<int8_t>();
+  c10::Half* sp = scales.data_ptr<c10::Half>();
+  float peak = 0.f;
+  bool nan = false;
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* v = xp + g * group;
+    float amax = 0.f;
+    for (int64_t c = 0; c < group; ++c) {
+      const float a = std::fabs(v[c]);
+      if (std::isnan(a)) nan = true;
+      amax = a > amax ? a : amax;
+    }
+    const float s32 = amax / 127.0f;
+    peak = s32 > peak ? s32 : peak;
+    const c10::Half h(s32);
+    sp[g] = h;
+    const float s = static_cast<float>(h);
+    const float denom = s > 0.f ? s : 1.0f;
+    for (int64_t c = 0; c < group; ++c) {
+      float q = std::nearbyint(v[c] / denom);
+      q = q < -127.f ? -127.f : (q > 127.f ? 127.f : q);
+      cp[g * group + c] = static_cast<int8_t>(q);
+    }
+  }
+  auto out_peak = torch::full({}, nan ? std::numeric_limits<float>::quiet_NaN() : peak);
+  return {codes, scales, out_peak};
+}
+
+// Block floating point with 8-bit mantissas, kvbench.quantizers.quantize_bfp bit for bit: per block of `block`
+// channels the shared exponent floor(log2(absmax)) - 6 (frexp's, exactly), clamped to +-127, and mantissas
+// round(x * 2^-e) (half to even) clamped to +-127. Returns mantissas (int8), exponents + 127 (uint8, [..., D/block,
+// 1]) and a flag tensor: 1 when some block's absmax is not finite (the caller raises as check_finite does).
+std::vector<torch::Tensor> quantize_bfp8(const torch::Tensor& x_in, int64_t block) {
+  const auto x = x_in.contiguous().to(torch::kFloat32);
+  const int64_t d = x.size(-1);
+  TORCH_CHECK(block > 0 && d % block == 0, "block must divide the last dimension");
+  auto mant = torch::empty(x.sizes(), x.options().dtype(torch::kInt8));
+  auto sizes = x.sizes().vec();
+  sizes.back() = d / block;
+  sizes.push_back(1);
+  auto expo = torch::empty(sizes, x.options().dtype(torch::kUInt8));
+  const int64_t blocks = x.numel() / block;
+  const float* xp = x.data_ptr<float>();
+  int8_t* mp = mant.data_ptr<int8_t>();
+  uint8_t* ep = expo.data_ptr<uint8_t>();
+  bool bad = false;
+  for (int64_t g = 0; g < blocks; ++g) {
+    const float* v = xp + g * block;
+    float amax = 0.f;
+    for (int64_t c = 0; c < block; ++c) {
+      const float a = std::fabs(v[c]);
+      if (!std::isfinite(a)) bad = true;
+      amax = a > amax ? a : amax;
+    }
+    int k = 0;
+    std::frexp(amax, &k);
+    int e = amax > 0.f ? k - 1 - 6 : -127;
+    e = e < -127 ? -127 : (e > 127 ? 127 : e);
+    ep[g] = static_cast<uint8_t>(e + 127);
+    const float f = std::ldexp(1.0f, -e);
+    for (int64_t c = 0; c < block; ++c) {
+      float q = std::nearbyint(v[c] * f);
+      q = q < -127.f ? -127.f : (q > 127.f ? 127.f : q);
+      mp[g * block + c] = static_cast<int8_t>(q);
+    }
+  }
+  return {mant, expo, torch::full({}, bad ? 1 : 0, torch::kInt32)};
+}
+
+// FP8 encoding, kvbench.quantizers.quantize_fp8 bit for bit: y = x / scale (scale [1 or B, 1 or H, 1, 1 or D]),
+// clamped to +-fmax and rounded to the format by c10's conversion (PyTorch's own). Returns the payload, the count
+// of elements beyond fmax * (1 + 4 eps) and a flag tensor: 1 when some |y| is not finite.
+std::vector<torch::Tensor> quantize_fp8(const torch::Tensor& x_in, const torch::Tensor& scale_in, bool e4m3) {
+  const auto x = x_in.contiguous().to(torch::kFloat32);
+  TORCH_CHECK(x.dim() == 4 && scale_in.dim() == 4, "x: [B, H, T, D], scale: 4-D");
+  const auto scale = scale_in.to(torch::kFloat32).expand({x.size(0), x.size(1), 1, x.size(3)});
+  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), D = x.size(3);
+  auto payload = torch::empty(x.sizes(), x.options().dtype(e4m3 ? torch::kFloat8_e4m3fn : torch::kFloat8_e5m2));
+  const float fmax = e4m3 ? 448.f : 57344.f;
+  const float limit = fmax * (1 + 4 * std::numeric_limits<float>::epsilon());
+  const float* xp = x.data_ptr<float>();
+  const float* sp = scale.data_ptr<float>();
+  int64_t saturated = 0;
+  bool bad = false;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const float* srow = sp + b * scale.stride(0) + h * scale.stride(1);
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t off = ((b * H + h) * T + t) * D;
+        for (int64_t c = 0; c < D; ++c) {
+          float y = xp[off + c] / srow[c * scale.stride(3)];
+          const float a = std::fabs(y);
+          if (!std::isfinite(a)) bad = true;
+          if (a > limit) ++saturated;
+          y = y < -fmax ? -fmax : (y > fmax ? fmax : y);
+          if (e4m3) {
+            static_cast<c10::Float8_e4m3fn*>(payload.data_ptr())[off + c] = c10::Float8_e4m3fn(y);
+          } else {
+            static_cast<c10::Float8_e5m2*>(payload.data_ptr())[off + c] = c10::Float8_e5m2(y);
+          }
+        }
+      }
+    }
+  }
+  return {payload, torch::full({}, saturated, torch::kInt64), torch::full({}, bad ? 1 : 0, torch::kInt32)};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("quantize_bfp8", &quantize_bfp8, "bfp with 8-bit mantissas (kvbench.quantizers)");
+  m.def("quantize_fp8", &quantize_fp8, "fp8 encoding (kvbench.quantizers)");
   m.def("attend", &attend, "Fused block attention over stored parts (kvbench.fused)");
+  m.def("quantize_int8_token", &quantize_int8_token, "int8 token-axis quantization (kvbench.quantizers)");
 }

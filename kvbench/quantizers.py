@@ -33,6 +33,7 @@ from typing import ClassVar
 
 import torch
 
+import kvbench.fused as fused
 from kvbench.errors import KVBenchError
 from kvbench.fused import Fused
 
@@ -198,7 +199,13 @@ class TokenChunk(ABC):
         """All tokens decoded into ``dtype``, shaped like the tensor that was quantized."""
 
     def fused(self) -> Fused | None:
-        """The chunk as ``kvbench.fused``'s kernel reads it, or ``None`` (then attention reads it in blocks)."""
+        """The chunk as ``kvbench.fused``'s kernel reads it, or ``None`` (then attention reads it in blocks).
+        Described once per chunk: a chunk's tensors never change after it is made (edits make new chunks)."""
+        if "_described" not in self.__dict__:
+            self.__dict__["_described"] = self._describe()
+        return self.__dict__["_described"]
+
+    def _describe(self) -> Fused | None:
         return None
 
     # -- block reads for attention (kvbench.blockattn): one block decoded at a time, never the whole chunk ----
@@ -278,7 +285,7 @@ class GroupedChunk(TokenChunk):
         out = part.dequantize(dtype)
         return out if (a, b) == (start, stop) else out.narrow(-2, start - a, stop - start)
 
-    def fused(self) -> Fused | None:
+    def _describe(self) -> Fused | None:
         """The chunk as the fused kernel reads it (``kvbench.fused``): codes, then each ``META`` field (scale, then
         zero point) as ``[b, h, rows, cols]`` by token group and channel group; ragged groups are not read there."""
         codes = self._codes()
@@ -291,7 +298,7 @@ class GroupedChunk(TokenChunk):
             sides, tg, cg = [m.squeeze(-1) for m in meta], 1, width // meta[0].shape[-2]
         else:
             sides, tg, cg = [m.squeeze(-2) for m in meta], self.group_size, 1
-        return Fused(codes, bits, signed=codes.dtype == torch.int8, scale=sides[0],
+        return Fused(codes, bits, mode="signed" if codes.dtype == torch.int8 else "unsigned", scale=sides[0],
                      zero=sides[1] if len(sides) > 1 else None, tg=tg, cg=cg)
 
     def narrow(self, start: int, length: int) -> TokenChunk:
@@ -377,6 +384,12 @@ def quantize_int8(x: torch.Tensor, group_size: int, axis: str = "token") -> Symm
 
     Codes are computed with the float16-rounded scale actually stored, so ``|x - x̂| <= s / 2``.
     """
+    if axis == "token" and x.is_cpu and x.shape[-1] % max(group_size, 1) == 0 and group_size > 0:
+        native = fused.native()
+        if native is not None:  # the same operations in one C++ pass (a decode step quantizes a token per layer)
+            codes, scale, peak = native.quantize_int8_token(x, group_size)
+            _check_peak(float(peak), "int8 scale")
+            return SymmetricInt8(codes, scale, axis, group_size)
     g, dim = group_view(x.float(), group_size, axis)
     scale = g.abs().amax(dim=dim, keepdim=True) / 127.0
     _check_metadata(scale, "int8 scale")  # scales are >= 0 (or NaN): their largest is their largest magnitude
@@ -393,7 +406,10 @@ def _check_metadata(magnitudes: torch.Tensor, what: str) -> None:
     largest magnitude means every magnitude is finite."""
     if not magnitudes.numel():
         return
-    peak = float(magnitudes.amax())
+    _check_peak(float(magnitudes.amax()), what)
+
+
+def _check_peak(peak: float, what: str) -> None:
     if not math.isfinite(peak):
         raise KVBenchError(NONFINITE)
     if peak > FP16_MAX:
@@ -481,14 +497,15 @@ class Fp8Quant(TokenChunk):
         return (torch.index_select(table, 0, codes).view(shape) * self.scale).to(dtype)
 
 
-    def fused(self) -> Fused | None:
-        # The byte table; a per-tensor scale folded into it (as dequantize does), a per-channel one read per channel.
-        table = _fp8_table(self.payload.dtype, self.payload.device)
-        if self.scale.numel() == 1:
-            return Fused(self.payload, 8, table=table * self.scale.flatten())
-        if self.scale.dim() != 4 or self.payload.dim() != 4:
+    def _describe(self) -> Fused | None:
+        # FP8 bytes decoded by the kernel's arithmetic (exact); a per-tensor scale folds into the products, a
+        # per-channel one is read per channel.
+        mode = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}.get(self.payload.dtype)
+        if mode is None or self.payload.dim() != 4 or self.scale.dim() != 4:
             return None
-        return Fused(self.payload, 8, table=table, scale=self.scale.float(), tg=0, cg=1)
+        if self.scale.numel() == 1:
+            return Fused(self.payload, 8, mode=mode, scale=self.scale.float(), tg=0, cg=self.payload.shape[-1])
+        return Fused(self.payload, 8, mode=mode, scale=self.scale.float(), tg=0, cg=1)
 
     def _codes(self, dtype: torch.dtype, start: int, stop: int) -> torch.Tensor:
         """Tokens ``start:stop`` as the unscaled FP8 values, in ``dtype`` (through the byte table)."""
@@ -546,6 +563,12 @@ def quantize_fp8(x: torch.Tensor, fmt: str, scale: torch.Tensor) -> tuple[Fp8Qua
     infinity, so clamping first is what keeps out-of-range values from turning into NaN.
     """
     fmax = torch.finfo(fp8_dtype(fmt)).max
+    native = fused.native() if x.is_cpu and x.dim() == 4 and scale.dim() == 4 else None
+    if native is not None:  # the same operations in one C++ pass (a decode step encodes a token per layer)
+        payload, saturated, bad = native.quantize_fp8(x, scale, fp8_dtype(fmt) == torch.float8_e4m3fn)
+        if int(bad):
+            raise KVBenchError(NONFINITE)
+        return Fp8Quant(payload, scale), int(saturated)
     y = x.float() / scale
     magnitude = y.abs()
     if magnitude.numel():
@@ -580,14 +603,11 @@ class BlockFloat(TokenChunk):
         # Two's complement: codes >= half are negative.
         return (unpack_codes(self.mantissas, self.mantissa_bits).to(torch.int8) ^ half) - half
 
-    def fused(self) -> Fused | None:
-        # Mantissas as int8 (8 bits) or through a table of two's-complement values; the exponent of each block of
-        # channels as an E8M0 scale.
+    def _describe(self) -> Fused | None:
+        # Two's-complement mantissas (int8, or packed) times each block's exponent as an E8M0 scale.
         if self.mantissas.dim() != 4 or self.exponents.dim() != 5:
             return None
-        bits = self.mantissa_bits
-        table = None if bits == 8 else _twos_complement_table(bits, self.mantissas.device)
-        return Fused(self.mantissas, bits, signed=bits == 8, table=table, scale=self.exponents.squeeze(-1),
+        return Fused(self.mantissas, self.mantissa_bits, mode="signed", scale=self.exponents.squeeze(-1),
                      tg=1, cg=self.block_size)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
@@ -595,13 +615,6 @@ class BlockFloat(TokenChunk):
         # float32 holds every power of two in E8M0's range; the target dtype may not (fp16).
         scale = torch.exp2(self.exponents.float() - E8M0_BIAS)
         return (m * scale).flatten(-2).to(dtype)
-
-
-@functools.lru_cache(maxsize=8)
-def _twos_complement_table(bits: int, device: torch.device) -> torch.Tensor:
-    """float32 value of each ``bits``-bit two's-complement code."""
-    codes = torch.arange(2**bits, device=device)
-    return torch.where(codes >= 2 ** (bits - 1), codes - 2**bits, codes).float()
 
 
 def quantize_bfp(x: torch.Tensor, mantissa_bits: int, block_size: int) -> BlockFloat:
@@ -614,6 +627,13 @@ def quantize_bfp(x: torch.Tensor, mantissa_bits: int, block_size: int) -> BlockF
     if mantissa_bits not in PACKABLE_BITS:
         raise KVBenchError(f"bfp mantissa_bits must be one of {', '.join(map(str, PACKABLE_BITS))} "
                            f"(got {mantissa_bits})")
+    native = fused.native() if mantissa_bits == 8 and x.is_cpu and block_size > 0 and \
+        x.shape[-1] % block_size == 0 else None
+    if native is not None:  # the same operations in one C++ pass (a decode step encodes a token per layer)
+        m, e, bad = native.quantize_bfp8(x, block_size)
+        if int(bad):
+            raise KVBenchError(NONFINITE)
+        return BlockFloat(m, e, mantissa_bits, block_size)
     g, _ = group_view(x.float(), block_size, "token")
     amax = g.abs().amax(dim=-1, keepdim=True)
     check_finite(amax)

@@ -22,10 +22,12 @@ hardware profile predicts for them (``modelled_``), and the bytes the segment wo
 exactly. While a step runs, the recomputed K/V of every layer exist transiently (produced at layer 0,
 each layer's part freed as soon as that layer has attended): ``peak_transient_bytes``.
 
-With the harness's working copy (``engine.working_copy``, the default) the recomputed rows stay in that
-scratch copy, so the segment is recomputed once per cache instead of identically at every step (the same
-output bit for bit); ``working_copy=False`` recomputes at every step. The per-step recompute cost stays a
-reported figure (measured seconds of one recomputation, and the profile's modelled seconds).
+With the harness's scratch allowed (``engine.working_copy``, the default) the recomputed rows stay in scratch
+(the working copy of a dense reader; under kvbench attention, each layer's segment K/V beside the codes), so the
+segment is recomputed once per cache instead of identically at every step (the same output bit for bit), and the
+measured working set includes those rows; ``working_copy=False`` recomputes at every step. The per-step
+recompute cost stays a reported figure (measured seconds of one recomputation, and the profile's modelled
+seconds).
 """
 
 from __future__ import annotations
@@ -140,6 +142,9 @@ class QuantRecomputeStore(StreamViews, LayerStore):
         self.prefix_tokens = 0
         self.steps = 0
         self.segment_written = False  # the working copy holds the recomputed segment rows
+        # Under ``attend`` with scratch allowed: this layer's recomputed segment K/V, kept from the first step (the
+        # recomputation depends on the segment's ids alone, so every step's is the same bit for bit).
+        self.segment_kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self.errors: dict[str, float] = {}
 
     @property
@@ -251,8 +256,13 @@ class QuantRecomputeStore(StreamViews, LayerStore):
         self.vs.add(values)
         kparts, vparts = self.ks.parts(), self.vs.parts()
         if self.segment is not None:
-            sk, sv = self.segment.kv(self.layer_idx, self.steps)
-            kparts, vparts = [Dense(sk.to(self.dtype)), *kparts], [Dense(sv.to(self.dtype)), *vparts]
+            pair = self.segment_kv
+            if pair is None:
+                sk, sv = self.segment.kv(self.layer_idx, self.steps)
+                pair = sk.to(self.dtype), sv.to(self.dtype)
+                if working_copy_enabled(self.strategy):  # scratch allowed: recomputed once per cache, as with a
+                    self.segment_kv = pair              # working copy (``working_copy=False``: every step)
+            kparts, vparts = [Dense(pair[0]), *kparts], [Dense(pair[1]), *vparts]
         heads = keys.shape[1]
         out = blockattn.attend(query, blockattn.TokenRun(kparts, heads), blockattn.TokenRun(vparts, heads),
                                mask, scaling, softcap)
@@ -263,6 +273,10 @@ class QuantRecomputeStore(StreamViews, LayerStore):
         return out
 
     # -- accounting ------------------------------------------------------------------------------
+    def scratch_tensors(self) -> Iterable[torch.Tensor]:
+        """The streams' scratch and the kept recomputed segment, never counted as held."""
+        return [*super().scratch_tensors(), *(self.segment_kv or ())]
+
     def tensors(self) -> Iterable[torch.Tensor]:
         held: list[torch.Tensor] = []
         if self.segment is not None:

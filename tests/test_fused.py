@@ -150,3 +150,75 @@ def test_long_queries_and_undescribed_parts_read_blocks():
         num_tokens = 8
 
     assert blockattn.TokenRun([Opaque()], 1).fused() is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(tokens=st.integers(0, 6), group=st.sampled_from([4, 8, 16]), scale=st.floats(1e-6, 1e4),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), seed=st.integers(0, 2**16))
+def test_native_int8_quantizer_is_bit_identical(tokens, group, scale, dtype, seed):
+    """The C++ token-axis int8 quantizer gives the PyTorch one's codes and scales bit for bit, zeros, ties and
+    float16-rounded scales included."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(2, 3, tokens, D, generator=g) * scale).to(dtype)
+    if tokens:
+        x[0, 0, 0, :group] = 0  # an all-zero group: scale 0, codes 0
+        x[1, 2, -1, 0] = x[1, 2, -1].abs().max() * 0.5  # a code at a tie before rounding, often
+    assert fused.native() is not None
+    native = quantize_int8(x, group, "token")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KVBENCH_FUSED", "0")
+        ref = quantize_int8(x, group, "token")
+    assert torch.equal(native.codes, ref.codes) and torch.equal(native.scales, ref.scales)
+    assert native.scales.shape == ref.scales.shape and native.codes.dtype == ref.codes.dtype
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 1e9])
+def test_native_int8_quantizer_refuses_what_the_reference_refuses(monkeypatch, bad):
+    from kvbench.errors import KVBenchError
+
+    x = torch.ones(1, 1, 2, D)
+    x[0, 0, 1, 3] = bad
+    messages = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("KVBENCH_FUSED", flag)
+        with pytest.raises(KVBenchError) as err:
+            quantize_int8(x, D, "token")
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(tokens=st.integers(0, 5), block=st.sampled_from([4, 8, 16]), scale=st.floats(1e-30, 1e30),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]), seed=st.integers(0, 2**16))
+def test_native_bfp8_quantizer_is_bit_identical(tokens, block, scale, dtype, seed):
+    """8-bit block floating point: mantissas and exponents as the PyTorch quantizer gives them, across the E8M0
+    range (tiny and huge blocks, all-zero blocks, ties)."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(2, 2, tokens, D, generator=g) * scale).to(dtype)
+    if tokens:
+        x[0, 0, 0, :block] = 0
+        x[1, 1, -1, :2] = torch.tensor([64.5, -0.5]).to(dtype)  # mantissas at exact halves
+    assert fused.native() is not None
+    native = quantize_bfp(x, 8, block)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KVBENCH_FUSED", "0")
+        ref = quantize_bfp(x, 8, block)
+    assert torch.equal(native.mantissas, ref.mantissas) and torch.equal(native.exponents, ref.exponents)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tokens=st.integers(0, 5), fmt=st.sampled_from(["e4m3", "e5m2"]), mode=st.sampled_from(["tensor", "channel"]),
+       spread=st.floats(0.01, 100), seed=st.integers(0, 2**16))
+def test_native_fp8_encoder_is_bit_identical(tokens, fmt, mode, spread, seed):
+    """FP8 payloads and saturation counts as the PyTorch encoder gives them, scales calibrated on other tokens
+    (so later tokens saturate)."""
+    g = torch.Generator().manual_seed(seed)
+    calib = torch.randn(2, 2, 4, D, generator=g)
+    scale = fp8_scale(calib, fmt, mode)
+    x = torch.randn(2, 2, tokens, D, generator=g) * spread
+    native = quantize_fp8(x, fmt, scale)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KVBENCH_FUSED", "0")
+        ref = quantize_fp8(x, fmt, scale)
+    assert native[1] == ref[1]
+    assert torch.equal(native[0].payload.view(torch.uint8), ref[0].payload.view(torch.uint8))

@@ -7,7 +7,7 @@ import torch
 from kvbench.strategies.base import RunContext
 from kvbench.strategies.quant_recompute import QuantRecomputeStore, recompute_flops
 
-from kvbench import strategies
+from kvbench import attention, strategies
 from kvbench.cache import KVBenchCache
 from kvbench.errors import KVBenchError
 from kvbench.hardware import HardwareProfile
@@ -51,8 +51,12 @@ def test_whole_prefix_recomputed_generation_equals_full(tiny_model, tiny_ids):
     assert cache.kv_bytes() < cache.kv_bytes_fp16()  # ids (4 B/token) + the exact residual window only
 
 
-def test_working_copy_recomputes_once_with_the_tokens_of_recomputing_every_step(tiny_model, tiny_ids):
-    """Without a working copy the segment is recomputed at every step; with one, once; the output is equal."""
+@pytest.mark.parametrize("impl", ["sdpa", "kvbench"])
+def test_working_copy_recomputes_once_with_the_tokens_of_recomputing_every_step(tiny_model, tiny_ids, impl):
+    """Without scratch the segment is recomputed at every step; with it (a dense reader's working copy, or kvbench
+    attention's kept segment rows), once; the output is equal."""
+    if impl == "kvbench":
+        attention.use(tiny_model, "kvbench", "cpu")
     kwargs = dict(max_new_tokens=12, do_sample=False, return_dict_in_generate=True, output_logits=True)
     out, stats = {}, {}
     for working in (True, False):
