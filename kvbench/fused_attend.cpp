@@ -25,8 +25,9 @@
 #include <c10/util/Float8_e5m2.h>
 #include <c10/util/Half.h>
 
+#include <bit>
 #include <cmath>
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__SSE4_1__)
 #include <immintrin.h>
 #endif
 #include <cstdint>
@@ -122,6 +123,7 @@ std::vector<Part> parts(const std::vector<torch::Tensor>& ts, const std::vector<
 // Cephes' expf (range reduction by ln 2 in two parts, a degree-6 polynomial), about 1 ulp; 0 below -87.3
 // (-inf included), where float32's exp underflows anyway.
 inline float exp_nonpos(float x) {
+  const float keep = x < -87.3f ? 0.f : 1.f;  // a select, not a branch: the loop over a row vectorizes
   const float xc = x < -87.3f ? -87.3f : x;
   const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
   float r = xc - n * 0.693359375f;
@@ -133,9 +135,8 @@ inline float exp_nonpos(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float e = p * r * r + r + 1.0f;
-  union { int32_t i; float f; } u;
-  u.i = (static_cast<int32_t>(n) + 127) << 23;
-  return x < -87.3f ? 0.f : e * u.f;
+  const float two_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);  // 2^n, n in [-126, 0]
+  return e * two_n * keep;
 }
 
 enum Kind { kDenseF32, kDenseBF16, kDenseF16, kTable8, kU8, kS8, kE4M3, kE5M2, kU4, kS4, kU2, kS2, kTable4, kTable2 };
@@ -162,6 +163,58 @@ inline float fp8_value(uint8_t b) {
   u.i = (static_cast<uint32_t>(b & 0x80) << 24) | (static_cast<uint32_t>(b & 0x7F) << Shift);
   return u.f * (Bias == 7 ? 0x1p120f : 0x1p112f);
 }
+
+#if defined(__SSE4_1__)
+// Sixteen code bytes (unsigned, or two's complement already sign-extended to 8 bits) as sixteen floats.
+template <bool Signed>
+inline void bytes16_to_float(__m128i v, float* out) {
+#if defined(__AVX512F__)
+  const __m512i w = Signed ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v);
+  _mm512_storeu_ps(out, _mm512_cvtepi32_ps(w));
+#elif defined(__AVX2__)
+  const __m128i hi = _mm_unpackhi_epi64(v, v);
+  _mm256_storeu_ps(out, _mm256_cvtepi32_ps(Signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v)));
+  _mm256_storeu_ps(out + 8, _mm256_cvtepi32_ps(Signed ? _mm256_cvtepi8_epi32(hi) : _mm256_cvtepu8_epi32(hi)));
+#else
+  alignas(16) int8_t b[16];
+  _mm_store_si128(reinterpret_cast<__m128i*>(b), v);
+  for (int i = 0; i < 16; ++i) out[i] = Signed ? static_cast<float>(b[i]) : static_cast<float>(static_cast<uint8_t>(b[i]));
+#endif
+}
+
+// Two's complement of `bits`-bit fields held in bytes: (v ^ h) - h with h = 2^(bits-1).
+template <bool Signed>
+inline __m128i sign_fields(__m128i v, int half) {
+  if (!Signed) return v;
+  const __m128i h = _mm_set1_epi8(static_cast<char>(half));
+  return _mm_sub_epi8(_mm_xor_si128(v, h), h);
+}
+
+// 16 packed bytes of 4-bit codes (32 channels, the first code of a byte in its low bits) as floats.
+template <bool Signed>
+inline void nibbles32(const uint8_t* x, float* out) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+  const __m128i m = _mm_set1_epi8(15);
+  const __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+  bytes16_to_float<Signed>(sign_fields<Signed>(_mm_unpacklo_epi8(lo, hi), 8), out);
+  bytes16_to_float<Signed>(sign_fields<Signed>(_mm_unpackhi_epi8(lo, hi), 8), out + 16);
+}
+
+// 16 packed bytes of 2-bit codes (64 channels) as floats.
+template <bool Signed>
+inline void crumbs64(const uint8_t* x, float* out) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+  const __m128i m = _mm_set1_epi8(3);
+  const __m128i f0 = _mm_and_si128(v, m), f1 = _mm_and_si128(_mm_srli_epi16(v, 2), m);
+  const __m128i f2 = _mm_and_si128(_mm_srli_epi16(v, 4), m), f3 = _mm_and_si128(_mm_srli_epi16(v, 6), m);
+  const __m128i a = _mm_unpacklo_epi8(f0, f1), b = _mm_unpacklo_epi8(f2, f3);
+  const __m128i c = _mm_unpackhi_epi8(f0, f1), e = _mm_unpackhi_epi8(f2, f3);
+  bytes16_to_float<Signed>(sign_fields<Signed>(_mm_unpacklo_epi16(a, b), 2), out);
+  bytes16_to_float<Signed>(sign_fields<Signed>(_mm_unpackhi_epi16(a, b), 2), out + 16);
+  bytes16_to_float<Signed>(sign_fields<Signed>(_mm_unpacklo_epi16(c, e), 2), out + 32);
+  bytes16_to_float<Signed>(sign_fields<Signed>(_mm_unpackhi_epi16(c, e), 2), out + 48);
+}
+#endif
 
 // The two 4-bit codes of every byte value as floats, unsigned or two's complement (built once).
 inline const float (*nibble_table(bool is_signed))[2] {
@@ -235,13 +288,21 @@ inline void raw_row(const Part& p, int64_t off, int64_t d, float* out) {
     for (int64_t c = 0; c < d; ++c) out[c] = fp8_value<21, 15>(x[c]);
   } else if constexpr (K == kU4 || K == kS4) {
     // Two codes per byte, the first in the low bits: each byte's pair copied from a table (2 KB, in L1).
+    int64_t c = 0;
+#if defined(__SSE4_1__)
+    for (; c + 16 <= d / 2; c += 16) nibbles32<K == kS4>(x + c, out + 2 * c);  // 32 channels per 16 bytes
+#endif
     const float(*pair)[2] = nibble_table(K == kS4);
-    for (int64_t c = 0; c < d / 2; ++c) std::memcpy(out + 2 * c, pair[x[c]], sizeof(float[2]));
+    for (; c < d / 2; ++c) std::memcpy(out + 2 * c, pair[x[c]], sizeof(float[2]));
   } else if constexpr (K == kU2 || K == kS2) {
     // Four codes per byte: each byte's four values copied from a 256-entry table of float quadruples (4 KB,
     // resident in L1), one 16-byte copy per byte instead of four shifts, masks and converts.
+    int64_t c = 0;
+#if defined(__SSE4_1__)
+    for (; c + 16 <= d / 4; c += 16) crumbs64<K == kS2>(x + c, out + 4 * c);  // 64 channels per 16 bytes
+#endif
     const float(*quad)[4] = crumb_table(K == kS2);
-    for (int64_t c = 0; c < d / 4; ++c) std::memcpy(out + 4 * c, quad[x[c]], sizeof(float[4]));
+    for (; c < d / 4; ++c) std::memcpy(out + 4 * c, quad[x[c]], sizeof(float[4]));
   } else if constexpr (K == kTable4) {
     for (int64_t c = 0; c < d / 2; ++c) {
       out[2 * c] = p.table[x[c] & 15];
@@ -479,12 +540,11 @@ torch::Tensor attend(const torch::Tensor& q, const std::vector<torch::Tensor>& k
         for (int64_t col = 0; col < L; ++col) top = std::max(top, sm[col]);
         // A row masked everywhere in this chunk keeps max -inf: its probabilities are 0, its sums 0.
         const float safe = std::isinf(top) ? 0.f : top;
+#pragma omp simd
+        for (int64_t col = 0; col < L; ++col) sm[col] = exp_nonpos(sm[col] - safe);
         float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t col = 0; col < L; ++col) {
-          sm[col] = exp_nonpos(sm[col] - safe);
-          sum += sm[col];
-        }
+        for (int64_t col = 0; col < L; ++col) sum += sm[col];
         pm[t * M + m] = top;
         ps[t * M + m] = sum;
         std::fill(accs + m * D, accs + (m + 1) * D, 0.f);

@@ -234,6 +234,12 @@ def run_identity(cfg: DictConfig, lm: Any, strategies: list[Strategy], profile: 
     linear_choice = linear.resolve(str(cfg.engine.get("linear", "auto")), device, lm.model)
     if linear_choice != "native":  # float32 sums in another order can flip a near-tie: a different run
         determinants["linear"] = linear_choice
+    from kvbench import attention, fused
+
+    if attention.resolve(str(cfg.engine.get("attention", "auto")), device) == attention.NAME and fused.available():
+        # The fused reader sums attention in another order than PyTorch's blocks and SDPA (what runs made before
+        # it, and runs without a compiler, used): records differ at float rounding, so they are another run.
+        determinants["attention_reader"] = "fused"
     config_hash = identity.config_hash(determinants, strategies)
     dataset = dataset_name(cfg.task)
     # Slugs + hash: no config value can steer a path; the real names stay in the records.

@@ -222,3 +222,24 @@ def test_native_fp8_encoder_is_bit_identical(tokens, fmt, mode, spread, seed):
         ref = quantize_fp8(x, fmt, scale)
     assert native[1] == ref[1]
     assert torch.equal(native[0].payload.view(torch.uint8), ref[0].payload.view(torch.uint8))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 96])
+@pytest.mark.parametrize("fmt", ["int4-token", "int4-channel", "int2-token", "int2-channel", "bfp4", "bfp2"])
+def test_packed_codes_at_real_head_widths(fmt, head_dim):
+    """Packed rows wide enough for the vector unpacking (16 bytes at a time) and a tail after it (96)."""
+    g = torch.Generator().manual_seed(head_dim)
+    enc = {"int4-token": lambda x: quantize_asymmetric(x, 4, 32, "token"),
+           "int4-channel": lambda x: quantize_asymmetric(x, 4, 8, "channel"),
+           "int2-token": lambda x: quantize_asymmetric(x, 2, 32, "token"),
+           "int2-channel": lambda x: quantize_asymmetric(x, 2, 8, "channel"),
+           "bfp4": lambda x: quantize_bfp(x, 4, 32), "bfp2": lambda x: quantize_bfp(x, 2, 32)}[fmt]
+    k, v = (torch.randn(1, 2, 40, head_dim, generator=g) for _ in range(2))
+    runs = [blockattn.TokenRun([enc(x[..., :32, :]), enc(x[..., 32:, :])], 2) for x in (k, v)]
+    qg = torch.randn(1, 2, 3, head_dim, generator=g)
+    out = fused.attend(qg, runs[0].fused(), runs[1].fused(), None, 1, 0.1)
+    assert out is not None
+    kd = torch.cat([p.dequantize(torch.float32) for p in runs[0].parts], -2)
+    vd = torch.cat([p.dequantize(torch.float32) for p in runs[1].parts], -2)
+    ref = torch.softmax(qg @ kd.transpose(-1, -2) * 0.1, -1) @ vd
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
