@@ -10,8 +10,9 @@
 //
 // Shape of the computation: flash-decoding (Dao et al. 2023): the tokens are cut into chunks, each chunk of
 // each (batch row, KV head) is one task computing its own softmax maximum, denominator and weighted sum, and
-// the chunks are merged with the online-softmax correction (Milakov & Gimelshein 2018). Scales are applied to
-// the decoded row (a per-token scale and zero point, or a per-channel one), as dequantize-then-attend does.
+// the chunks are merged with the online-softmax correction (Milakov & Gimelshein 2018). A scale shared by a whole
+// row folds into that row's score and probability (KIVI, Liu et al. 2024); per-group scales and zero points are
+// applied to the decoded row, as dequantize-then-attend does.
 //
 // A part is a run of tokens in one format: dense (float32, bfloat16, float16) or codes of 8, 4 or 2 bits
 // (packed along head_dim, first code in the low bits) read as unsigned or two's-complement integers, as FP8
@@ -178,7 +179,9 @@ inline void bytes16_to_float(__m128i v, float* out) {
 #else
   alignas(16) int8_t b[16];
   _mm_store_si128(reinterpret_cast<__m128i*>(b), v);
-  for (int i = 0; i < 16; ++i) out[i] = Signed ? static_cast<float>(b[i]) : static_cast<float>(static_cast<uint8_t>(b[i]));
+  for (int i = 0; i < 16; ++i) {
+    out[i] = Signed ? static_cast<float>(b[i]) : static_cast<float>(static_cast<uint8_t>(b[i]));
+  }
 #endif
 }
 
@@ -340,9 +343,10 @@ struct Tile {
 };
 
 // Rows j0 <= j < j1 of part p (batch b, head h), each decoded into the tile's next slot and pushed with its
-// factor and position (j + shift): the row times `factor` is the stored value. One scale per token over the whole row (int8's default) is not
-// multiplied in but handed over as the factor, to fold into the score or the probability (KIVI's fold);
-// other scales and zero points are applied to the row, a product then a sum, as the stores' dequantize does.
+// factor and position (j + shift): the row times `factor` is the stored value. One scale per token over the whole
+// row (int8's default, a per-tensor FP8 scale) is not multiplied in but handed over as the factor, to fold into the
+// score or the probability (KIVI's fold); other scales and zero points are applied to the row, a product then a
+// sum, as the stores' dequantize does.
 template <int K, typename T>
 inline void rows_of(const Part& p, int64_t b, int64_t h, int64_t j0, int64_t j1, int64_t d, int64_t shift,
                     float* sbuf, float* zbuf, T& tile) {

@@ -1,0 +1,121 @@
+"""What bounds the fused reader on this machine: time per decode step of one layer, per storage format, in one run.
+
+    PYTHONPATH=. python scripts/bench_reader.py [--tokens 4096,8192] [--threads 2] [--out results/perf]
+
+One layer of SmolLM2-135M's geometry (3 KV heads of 64 channels, 9 query heads, one query token) over a cache of
+random keys and values stored as each format holds it (dense bfloat16 as ``full`` does, int8 / KIVI int4 and int2 /
+FP8 / 8-bit BFP as their strategies' quantizers give, in 1,024-token pieces as the stores' chunk lists hold them),
+read by the fused kernel (``kvbench.fused``). Per format: the median time of a layer's step (after a warm-up; the
+minimum beside it), the bytes the step reads (codes, scales, zero points), the bytes per second that makes against
+the copy bandwidth measured at the start, and the time per token and KV head. A reader bound by memory would take
+time in proportion to the bytes; one bound by its instructions (decoding a row and its products) takes about the
+same time per token whatever the bytes. Written to ``results/perf/reader.md`` and ``reader.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvbench.strategies.base import held_bytes  # noqa: E402
+
+from kvbench import blockattn, fused  # noqa: E402
+from kvbench.hardware_probe import measure_copy_bandwidth  # noqa: E402
+from kvbench.quantizers import (  # noqa: E402
+    fp8_scale,
+    quantize_asymmetric,
+    quantize_bfp,
+    quantize_fp8,
+    quantize_int8,
+)
+from kvbench.results import atomic_write_text  # noqa: E402
+
+KV_HEADS, GROUP, HEAD_DIM, PIECE = 3, 3, 64, 1024
+
+
+def formats(ref: torch.Tensor) -> dict:
+    """Each format as its strategy's defaults store it: (keys encoder, values encoder)."""
+    def kivi(bits: int):  # keys by channel, values by token, groups of 32 (int4 / int2 defaults)
+        return (lambda x: quantize_asymmetric(x, bits, 32, "channel"),
+                lambda x: quantize_asymmetric(x, bits, 32, "token"))
+
+    return {
+        "dense bf16 (full)": (blockattn.Dense, blockattn.Dense),
+        "int8": (lambda x: quantize_int8(x, HEAD_DIM, "token"),) * 2,
+        "int4 (KIVI)": kivi(4),
+        "int2 (KIVI)": kivi(2),
+        "fp8 (e4m3, per tensor)": (lambda x: quantize_fp8(x, "e4m3", fp8_scale(ref, "e4m3", "tensor"))[0],) * 2,
+        "bfp (8-bit, blocks of 32)": (lambda x: quantize_bfp(x, 8, 32),) * 2,
+    }
+
+
+def run(tokens: int, bandwidth: float, repeats: int) -> list[dict]:
+    g = torch.Generator().manual_seed(tokens)
+    k, v = (torch.randn(1, KV_HEADS, tokens, HEAD_DIM, generator=g).to(torch.bfloat16) for _ in range(2))
+    qg = torch.randn(1, KV_HEADS, GROUP, HEAD_DIM, generator=g)
+    rows = []
+    for name, (enc_k, enc_v) in formats(k).items():
+        runs = [blockattn.TokenRun([enc(x[..., i:i + PIECE, :]) for i in range(0, tokens, PIECE)], KV_HEADS)
+                for enc, x in ((enc_k, k), (enc_v, v))]
+        parts = [r.fused() for r in runs]
+        stored = held_bytes(t for r in runs for p in r.parts for t in (p.tensors() if hasattr(p, "tensors") else [p.x]))
+
+        fused.attend(qg, parts[0], parts[1], None, 1, HEAD_DIM ** -0.5)  # warm-up
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fused.attend(qg, parts[0], parts[1], None, 1, HEAD_DIM ** -0.5)
+            times.append(time.perf_counter() - t0)
+        med = statistics.median(times)
+        rows.append({"tokens": tokens, "format": name, "threads": torch.get_num_threads(), "bytes": stored,
+                     "median_ms": 1e3 * med, "min_ms": 1e3 * min(times), "gb_per_s": stored / med / 1e9,
+                     "bandwidth_gb_per_s": bandwidth / 1e9, "ns_per_token_head": 1e9 * med / (tokens * KV_HEADS)})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", default="4096,8192")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--out", default=str(ROOT / "results" / "perf"))
+    args = ap.parse_args()
+    if not fused.available():
+        raise SystemExit("the fused kernel could not be built here (a C++ compiler and ninja are needed)")
+    torch.set_num_threads(args.threads)
+    load = os.getloadavg()[0]
+    bandwidth = measure_copy_bandwidth(256 * 2**20, repeats=5)
+    rows = [r for t in args.tokens.split(",") for r in run(int(t), bandwidth, args.repeats)]
+    df = pd.DataFrame(rows)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "reader.csv", index=False)
+    lines = ["# The fused reader per storage format (measured by `scripts/bench_reader.py`)", "",
+             f"One attention layer of SmolLM2-135M's geometry ({KV_HEADS} KV heads x {HEAD_DIM} channels, {GROUP} "
+             f"query heads per KV head, one query token), CPU, {args.threads} torch threads, {args.repeats} timed "
+             f"steps per row after a warm-up, rows one after another in one run. Copy bandwidth measured at the "
+             f"start: {bandwidth / 1e9:.1f} GB/s; load average (1 min) {load:.1f} at the start and "
+             f"{os.getloadavg()[0]:.1f} at the end on {os.cpu_count()} CPUs. `read GB/s` = stored bytes the step "
+             "reads / its median time.", "",
+             "| tokens | format | stored KB | median ms [min] | read GB/s | vs copy bandwidth | "
+             "ns per token and KV head |",
+             "|---:|---|---:|---|---:|---:|---:|"]
+    for r in df.itertuples():
+        lines.append(f"| {r.tokens:,} | {r.format} | {r.bytes / 1024:,.0f} | {r.median_ms:.3f} [{r.min_ms:.3f}] | "
+                     f"{r.gb_per_s:.1f} | {r.gb_per_s / r.bandwidth_gb_per_s:.2f} | {r.ns_per_token_head:.1f} |")
+    atomic_write_text(out / "reader.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
