@@ -94,7 +94,7 @@ def main() -> None:
         raise SystemExit("the fused kernel could not be built here (a C++ compiler and ninja are needed)")
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
-    bandwidth = measure_copy_bandwidth(256 * 2**20, repeats=5)
+    bandwidth = measure_copy_bandwidth(256 * 2**20, repeats=5) * 1e9  # GB/s -> bytes/s
     rows = [r for t in args.tokens.split(",") for r in run(int(t), bandwidth, args.repeats)]
     df = pd.DataFrame(rows)
     out = Path(args.out)
