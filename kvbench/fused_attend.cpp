@@ -219,16 +219,19 @@ inline void crumbs64(const uint8_t* x, float* out) {
 }
 #endif
 
-// The two 4-bit codes of every byte value as floats, unsigned or two's complement (built once).
-inline const float (*nibble_table(bool is_signed))[2] {
+// The 8 / Bits codes of every byte value as floats, unsigned or two's complement (built once; 2 KB for 4-bit
+// codes, 4 KB for 2-bit): a byte's codes are one small copy, for the bytes the vector unpacking leaves.
+template <int Bits>
+inline const float (*code_table(bool is_signed))[8 / Bits] {
+  constexpr int per = 8 / Bits, mask = (1 << Bits) - 1, half = 1 << (Bits - 1);
   struct Tables {
-    float t[2][256][2];
+    float t[2][256][per];
     Tables() {
       for (int b = 0; b < 256; ++b) {
-        for (int k = 0; k < 2; ++k) {
-          const int v = (b >> (4 * k)) & 15;
+        for (int k = 0; k < per; ++k) {
+          const int v = (b >> (Bits * k)) & mask;
           t[0][b][k] = static_cast<float>(v);
-          t[1][b][k] = static_cast<float>((v ^ 8) - 8);
+          t[1][b][k] = static_cast<float>((v ^ half) - half);
         }
       }
     }
@@ -237,22 +240,23 @@ inline const float (*nibble_table(bool is_signed))[2] {
   return tables.t[is_signed ? 1 : 0];
 }
 
-// The four 2-bit codes of every byte value as floats, unsigned or two's complement (built once).
-inline const float (*crumb_table(bool is_signed))[4] {
-  struct Tables {
-    float t[2][256][4];
-    Tables() {
-      for (int b = 0; b < 256; ++b) {
-        for (int k = 0; k < 4; ++k) {
-          const int v = (b >> (2 * k)) & 3;
-          t[0][b][k] = static_cast<float>(v);
-          t[1][b][k] = static_cast<float>((v ^ 2) - 2);
-        }
-      }
+// A row of packed Bits-bit codes (the first code of a byte in its low bits) as floats: 16 bytes at a time with
+// vector shuffles, the rest a byte at a time from the table.
+template <int Bits, bool Signed>
+inline void packed_row(const uint8_t* x, int64_t d, float* out) {
+  constexpr int per = 8 / Bits;
+  int64_t c = 0;
+#if defined(__SSE4_1__)
+  for (; c + 16 <= d / per; c += 16) {
+    if constexpr (Bits == 4) {
+      nibbles32<Signed>(x + c, out + per * c);
+    } else {
+      crumbs64<Signed>(x + c, out + per * c);
     }
-  };
-  static const Tables tables;
-  return tables.t[is_signed ? 1 : 0];
+  }
+#endif
+  const float(*table)[per] = code_table<Bits>(Signed);
+  for (; c < d / per; ++c) std::memcpy(out + per * c, table[x[c]], sizeof(float[per]));
 }
 
 // The raw values (codes as integers, FP8 values or through the table; dense rows as they are) into out[0:d].
@@ -290,22 +294,9 @@ inline void raw_row(const Part& p, int64_t off, int64_t d, float* out) {
 #pragma omp simd
     for (int64_t c = 0; c < d; ++c) out[c] = fp8_value<21, 15>(x[c]);
   } else if constexpr (K == kU4 || K == kS4) {
-    // Two codes per byte, the first in the low bits: each byte's pair copied from a table (2 KB, in L1).
-    int64_t c = 0;
-#if defined(__SSE4_1__)
-    for (; c + 16 <= d / 2; c += 16) nibbles32<K == kS4>(x + c, out + 2 * c);  // 32 channels per 16 bytes
-#endif
-    const float(*pair)[2] = nibble_table(K == kS4);
-    for (; c < d / 2; ++c) std::memcpy(out + 2 * c, pair[x[c]], sizeof(float[2]));
+    packed_row<4, K == kS4>(x, d, out);
   } else if constexpr (K == kU2 || K == kS2) {
-    // Four codes per byte: each byte's four values copied from a 256-entry table of float quadruples (4 KB,
-    // resident in L1), one 16-byte copy per byte instead of four shifts, masks and converts.
-    int64_t c = 0;
-#if defined(__SSE4_1__)
-    for (; c + 16 <= d / 4; c += 16) crumbs64<K == kS2>(x + c, out + 4 * c);  // 64 channels per 16 bytes
-#endif
-    const float(*quad)[4] = crumb_table(K == kS2);
-    for (; c < d / 4; ++c) std::memcpy(out + 4 * c, quad[x[c]], sizeof(float[4]));
+    packed_row<2, K == kS2>(x, d, out);
   } else if constexpr (K == kTable4) {
     for (int64_t c = 0; c < d / 2; ++c) {
       out[2 * c] = p.table[x[c] & 15];
@@ -592,89 +583,91 @@ torch::Tensor attend(const torch::Tensor& q, const std::vector<torch::Tensor>& k
   return out;
 }
 
+namespace {
+
+// x as float32 in groups of `group` channels, with int8 codes shaped like it and one metadata entry per group
+// ([..., D / group, 1]), for the two group quantizers below.
+struct Grouped {
+  torch::Tensor x, codes, meta;
+  int64_t groups;
+};
+
+Grouped grouped(const torch::Tensor& x_in, int64_t group, torch::ScalarType meta_type) {
+  Grouped g;
+  g.x = x_in.contiguous().to(torch::kFloat32);
+  const int64_t d = g.x.size(-1);
+  TORCH_CHECK(group > 0 && d % group == 0, "the group must divide the last dimension");
+  g.codes = torch::empty(g.x.sizes(), g.x.options().dtype(torch::kInt8));
+  auto sizes = g.x.sizes().vec();
+  sizes.back() = d / group;
+  sizes.push_back(1);
+  g.meta = torch::empty(sizes, g.x.options().dtype(meta_type));
+  g.groups = g.x.numel() / group;
+  return g;
+}
+
+// The largest |v[c]|; `nonfinite` set when some element is NaN or infinite.
+inline float absmax(const float* v, int64_t n, bool& nonfinite) {
+  float m = 0.f;
+  for (int64_t c = 0; c < n; ++c) {
+    const float a = std::fabs(v[c]);
+    if (!std::isfinite(a)) nonfinite = true;
+    m = a > m ? a : m;
+  }
+  return m;
+}
+
+inline int8_t clamp127(float q) { return static_cast<int8_t>(q < -127.f ? -127.f : (q > 127.f ? 127.f : q)); }
+
+}  // namespace
+
 // Symmetric int8 with one float16 scale per group of `group` channels of a token: kvbench.quantizers.quantize_int8's
 // token axis, bit for bit (the same float32 operations in the same order: absmax / 127, rounded to float16, the
 // codes rounded half to even from x / scale and clamped to +-127), in one pass instead of a dozen tensor ops per
 // decode step and layer. Returns the codes, the scales [..., D / group, 1] and the largest float32 scale before
-// rounding (NaN if any element is NaN, +inf if any is infinite), which the caller checks as _check_metadata does.
+// rounding (NaN if any element is not finite), which the caller checks as _check_metadata does.
 std::vector<torch::Tensor> quantize_int8_token(const torch::Tensor& x_in, int64_t group) {
-  const auto x = x_in.contiguous().to(torch::kFloat32);
-  const int64_t d = x.size(-1);
-  TORCH_CHECK(group > 0 && d % group == 0, "group must divide the last dimension");
-  auto codes = torch::empty(x.sizes(), x.options().dtype(torch::kInt8));
-  auto sizes = x.sizes().vec();
-  sizes.back() = d / group;
-  sizes.push_back(1);
-  auto scales = torch::empty(sizes, x.options().dtype(torch::kFloat16));
-  const int64_t groups = x.numel() / group;
-  const float* xp = x.data_ptr<float>();
-  int8_t* cp = codes.data_ptr<int8_t>();
-  c10::Half* sp = scales.data_ptr<c10::Half>();
+  Grouped g = grouped(x_in, group, torch::kFloat16);
+  const float* xp = g.x.data_ptr<float>();
+  int8_t* cp = g.codes.data_ptr<int8_t>();
+  c10::Half* sp = g.meta.data_ptr<c10::Half>();
   float peak = 0.f;
-  bool nan = false;
-  for (int64_t g = 0; g < groups; ++g) {
-    const float* v = xp + g * group;
-    float amax = 0.f;
-    for (int64_t c = 0; c < group; ++c) {
-      const float a = std::fabs(v[c]);
-      if (std::isnan(a)) nan = true;
-      amax = a > amax ? a : amax;
-    }
-    const float s32 = amax / 127.0f;
+  bool bad = false;
+  for (int64_t i = 0; i < g.groups; ++i) {
+    const float* v = xp + i * group;
+    const float s32 = absmax(v, group, bad) / 127.0f;
     peak = s32 > peak ? s32 : peak;
     const c10::Half h(s32);
-    sp[g] = h;
+    sp[i] = h;
     const float s = static_cast<float>(h);
     const float denom = s > 0.f ? s : 1.0f;
-    for (int64_t c = 0; c < group; ++c) {
-      float q = std::nearbyint(v[c] / denom);
-      q = q < -127.f ? -127.f : (q > 127.f ? 127.f : q);
-      cp[g * group + c] = static_cast<int8_t>(q);
-    }
+    for (int64_t c = 0; c < group; ++c) cp[i * group + c] = clamp127(std::nearbyint(v[c] / denom));
   }
-  auto out_peak = torch::full({}, nan ? std::numeric_limits<float>::quiet_NaN() : peak);
-  return {codes, scales, out_peak};
+  return {g.codes, g.meta, torch::full({}, bad ? std::numeric_limits<float>::quiet_NaN() : peak)};
 }
 
 // Block floating point with 8-bit mantissas, kvbench.quantizers.quantize_bfp bit for bit: per block of `block`
 // channels the shared exponent floor(log2(absmax)) - 6 (frexp's, exactly), clamped to +-127, and mantissas
 // round(x * 2^-e) (half to even) clamped to +-127. Returns mantissas (int8), exponents + 127 (uint8, [..., D/block,
-// 1]) and a flag tensor: 1 when some block's absmax is not finite (the caller raises as check_finite does).
+// 1]) and a flag tensor: 1 when some element is not finite (the caller raises as check_finite does).
 std::vector<torch::Tensor> quantize_bfp8(const torch::Tensor& x_in, int64_t block) {
-  const auto x = x_in.contiguous().to(torch::kFloat32);
-  const int64_t d = x.size(-1);
-  TORCH_CHECK(block > 0 && d % block == 0, "block must divide the last dimension");
-  auto mant = torch::empty(x.sizes(), x.options().dtype(torch::kInt8));
-  auto sizes = x.sizes().vec();
-  sizes.back() = d / block;
-  sizes.push_back(1);
-  auto expo = torch::empty(sizes, x.options().dtype(torch::kUInt8));
-  const int64_t blocks = x.numel() / block;
-  const float* xp = x.data_ptr<float>();
-  int8_t* mp = mant.data_ptr<int8_t>();
-  uint8_t* ep = expo.data_ptr<uint8_t>();
+  Grouped g = grouped(x_in, block, torch::kUInt8);
+  const float* xp = g.x.data_ptr<float>();
+  int8_t* mp = g.codes.data_ptr<int8_t>();
+  uint8_t* ep = g.meta.data_ptr<uint8_t>();
   bool bad = false;
-  for (int64_t g = 0; g < blocks; ++g) {
-    const float* v = xp + g * block;
-    float amax = 0.f;
-    for (int64_t c = 0; c < block; ++c) {
-      const float a = std::fabs(v[c]);
-      if (!std::isfinite(a)) bad = true;
-      amax = a > amax ? a : amax;
-    }
+  for (int64_t i = 0; i < g.groups; ++i) {
+    const float* v = xp + i * block;
+    const float amax = absmax(v, block, bad);
     int k = 0;
     std::frexp(amax, &k);
     int e = amax > 0.f ? k - 1 - 6 : -127;
     e = e < -127 ? -127 : (e > 127 ? 127 : e);
-    ep[g] = static_cast<uint8_t>(e + 127);
+    ep[i] = static_cast<uint8_t>(e + 127);
     const float f = std::ldexp(1.0f, -e);
-    for (int64_t c = 0; c < block; ++c) {
-      float q = std::nearbyint(v[c] * f);
-      q = q < -127.f ? -127.f : (q > 127.f ? 127.f : q);
-      mp[g * block + c] = static_cast<int8_t>(q);
-    }
+    for (int64_t c = 0; c < block; ++c) mp[i * block + c] = clamp127(std::nearbyint(v[c] * f));
   }
-  return {mant, expo, torch::full({}, bad ? 1 : 0, torch::kInt32)};
+  return {g.codes, g.meta, torch::full({}, bad ? 1 : 0, torch::kInt32)};
 }
 
 // FP8 encoding, kvbench.quantizers.quantize_fp8 bit for bit: y = x / scale (scale [1 or B, 1 or H, 1, 1 or D]),
