@@ -29,7 +29,6 @@ NOT_YET = {
     "h2o": "evicts while decoding: each step's gather copies the layer it keeps",
     "streaming_llm": "evicts while decoding: each step's gather copies the layer it keeps",
     "tova": "evicts while decoding: each step's gather copies the layer it keeps",
-    "quant_recompute": "recomputes its segment inside attention: the model's activations for those tokens",
     "hf_quantized": "transformers' quantized cache layer dequantizes everything it holds at every step",
 }
 
