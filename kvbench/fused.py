@@ -48,22 +48,20 @@ EMPTY = torch.empty(0)
 class Fused:
     """A part as the kernel reads it: ``data`` ``[b, kv_heads, tokens, width]`` (rows contiguous), either dense
     (``bits`` from :data:`DENSE_BITS`) or codes of ``bits`` bits packed along the width, first in the low bits,
-    each read as ``mode`` says (:data:`MODES`) or through ``table`` (float32, one value per code); then times
-    ``scale`` and plus ``zero``, both ``[b or 1, kv_heads or 1, rows, cols]`` indexed by (token // ``tg``, channel
-    // ``cg``) (``tg = 0``: row 0 for every token). Scales are float32, float16 or uint8 E8M0 exponents."""
+    each read as ``mode`` says (:data:`MODES`); then times ``scale`` and plus ``zero``, both ``[b or 1, kv_heads
+    or 1, rows, cols]`` indexed by (token // ``tg``, channel // ``cg``) (``tg = 0``: row 0 for every token).
+    Scales are float32, float16 or uint8 E8M0 exponents."""
 
     data: torch.Tensor
     bits: int
     mode: str = "unsigned"
-    table: torch.Tensor | None = None
     scale: torch.Tensor | None = None
     zero: torch.Tensor | None = None
     tg: int = 1
     cg: int = 1
 
     def flat(self) -> tuple[list[torch.Tensor], list[int]]:
-        tensors = [self.data, EMPTY if self.table is None else self.table,
-                   EMPTY if self.scale is None else self.scale, EMPTY if self.zero is None else self.zero]
+        tensors = [self.data, EMPTY if self.scale is None else self.scale, EMPTY if self.zero is None else self.zero]
         return tensors, [self.bits, MODES.index(self.mode), self.tg, self.cg]
 
 

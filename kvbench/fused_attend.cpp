@@ -16,7 +16,7 @@
 //
 // A part is a run of tokens in one format: dense (float32, bfloat16, float16) or codes of 8, 4 or 2 bits
 // (packed along head_dim, first code in the low bits) read as unsigned or two's-complement integers, as FP8
-// (E4M3, E5M2) or through a value table, times an optional scale and plus an optional zero point, each indexed by
+// (E4M3, E5M2), times an optional scale and plus an optional zero point, each indexed by
 // (token / tg, channel / cg) (tg = 0: one row for every token).
 #include <torch/extension.h>
 
@@ -69,7 +69,6 @@ struct Part {
   int64_t first = 0, n = 0;
   int bits = 0;  // 0 float32, 16 bfloat16, -16 float16, or 8/4/2-bit codes
   int mode = 0;  // codes: 0 unsigned, 1 two's complement, 2 FP8 E4M3, 3 FP8 E5M2 (8-bit only)
-  const float* table = nullptr;
   const void* data = nullptr;
   int64_t sb = 0, sh = 0, sn = 0;  // element strides along batch, head, token (the last dim is contiguous)
   int64_t tg = 1, cg = 1;
@@ -93,12 +92,13 @@ Side side(const torch::Tensor& t) {
 }
 
 std::vector<Part> parts(const std::vector<torch::Tensor>& ts, const std::vector<int64_t>& is) {
-  TORCH_CHECK(ts.size() % 4 == 0 && is.size() == ts.size(), "4 tensors and 4 ints per part");
+  TORCH_CHECK(ts.size() % 3 == 0 && is.size() == ts.size() / 3 * 4, "3 tensors and 4 ints per part");
   std::vector<Part> out;
   int64_t first = 0;
-  for (size_t i = 0; i < ts.size(); i += 4) {
+  for (size_t j = 0; j < ts.size() / 3; ++j) {
     Part p;
-    const auto& data = ts[i];
+    const auto& data = ts[3 * j];
+    const size_t i = 4 * j;
     TORCH_CHECK(data.dim() == 4 && data.stride(3) == 1, "part data is [batch, heads, tokens, width], rows contiguous");
     p.bits = static_cast<int>(is[i]);
     p.mode = static_cast<int>(is[i + 1]);
@@ -112,9 +112,8 @@ std::vector<Part> parts(const std::vector<torch::Tensor>& ts, const std::vector<
     p.n = data.size(2);
     p.first = first;
     first += p.n;
-    if (ts[i + 1].defined() && ts[i + 1].numel()) p.table = ts[i + 1].data_ptr<float>();
-    p.scale = side(ts[i + 2]);
-    p.zero = side(ts[i + 3]);
+    p.scale = side(ts[3 * j + 1]);
+    p.zero = side(ts[3 * j + 2]);
     out.push_back(p);
   }
   return out;
@@ -140,16 +139,16 @@ inline float exp_nonpos(float x) {
   return e * two_n * keep;
 }
 
-enum Kind { kDenseF32, kDenseBF16, kDenseF16, kTable8, kU8, kS8, kE4M3, kE5M2, kU4, kS4, kU2, kS2, kTable4, kTable2 };
+enum Kind { kDenseF32, kDenseBF16, kDenseF16, kU8, kS8, kE4M3, kE5M2, kU4, kS4, kU2, kS2 };
 
 inline int kind_of(const Part& p) {
   switch (p.bits) {
     case 0: return kDenseF32;
     case 16: return kDenseBF16;
     case -16: return kDenseF16;
-    case 8: return p.table ? kTable8 : (p.mode == 0 ? kU8 : p.mode == 1 ? kS8 : p.mode == 2 ? kE4M3 : kE5M2);
-    case 4: return p.table ? kTable4 : (p.mode ? kS4 : kU4);
-    case 2: return p.table ? kTable2 : (p.mode ? kS2 : kU2);
+    case 8: return p.mode == 0 ? kU8 : p.mode == 1 ? kS8 : p.mode == 2 ? kE4M3 : kE5M2;
+    case 4: return p.mode ? kS4 : kU4;
+    case 2: return p.mode ? kS2 : kU2;
     default: TORCH_CHECK(false, "unsupported part width ", p.bits);
   }
   return 0;
@@ -259,7 +258,7 @@ inline void packed_row(const uint8_t* x, int64_t d, float* out) {
   for (; c < d / per; ++c) std::memcpy(out + per * c, table[x[c]], sizeof(float[per]));
 }
 
-// The raw values (codes as integers, FP8 values or through the table; dense rows as they are) into out[0:d].
+// The raw values (codes as integers or FP8 values; dense rows as they are) into out[0:d].
 template <int K>
 inline void raw_row(const Part& p, int64_t off, int64_t d, float* out) {
   const uint8_t* x = static_cast<const uint8_t*>(p.data) + (K <= kDenseF16 ? 0 : off);
@@ -278,8 +277,6 @@ inline void raw_row(const Part& p, int64_t off, int64_t d, float* out) {
   } else if constexpr (K == kDenseF16) {
     const c10::Half* v = static_cast<const c10::Half*>(p.data) + off;
     for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(v[c]);
-  } else if constexpr (K == kTable8) {
-    for (int64_t c = 0; c < d; ++c) out[c] = p.table[x[c]];
   } else if constexpr (K == kU8) {
 #pragma omp simd
     for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(x[c]);
@@ -295,17 +292,8 @@ inline void raw_row(const Part& p, int64_t off, int64_t d, float* out) {
     for (int64_t c = 0; c < d; ++c) out[c] = fp8_value<21, 15>(x[c]);
   } else if constexpr (K == kU4 || K == kS4) {
     packed_row<4, K == kS4>(x, d, out);
-  } else if constexpr (K == kU2 || K == kS2) {
-    packed_row<2, K == kS2>(x, d, out);
-  } else if constexpr (K == kTable4) {
-    for (int64_t c = 0; c < d / 2; ++c) {
-      out[2 * c] = p.table[x[c] & 15];
-      out[2 * c + 1] = p.table[x[c] >> 4];
-    }
   } else {
-    for (int64_t c = 0; c < d / 4; ++c) {
-      for (int k = 0; k < 4; ++k) out[4 * c + k] = p.table[(x[c] >> (2 * k)) & 3];
-    }
+    packed_row<2, K == kS2>(x, d, out);
   }
 }
 
@@ -389,9 +377,8 @@ inline void dispatch_rows(const Part& p, int64_t b, int64_t h, int64_t j0, int64
 #define KV_CASE(K) \
   case K:          \
     return rows_of<K>(p, b, h, j0, j1, d, shift, sbuf, zbuf, f);
-    KV_CASE(kDenseF32) KV_CASE(kDenseBF16) KV_CASE(kDenseF16) KV_CASE(kTable8) KV_CASE(kU8) KV_CASE(kS8)
-    KV_CASE(kE4M3) KV_CASE(kE5M2) KV_CASE(kU4) KV_CASE(kS4) KV_CASE(kU2) KV_CASE(kS2) KV_CASE(kTable4)
-    KV_CASE(kTable2)
+    KV_CASE(kDenseF32) KV_CASE(kDenseBF16) KV_CASE(kDenseF16) KV_CASE(kU8) KV_CASE(kS8) KV_CASE(kE4M3)
+    KV_CASE(kE5M2) KV_CASE(kU4) KV_CASE(kS4) KV_CASE(kU2) KV_CASE(kS2)
 #undef KV_CASE
   }
 }

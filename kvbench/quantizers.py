@@ -384,7 +384,7 @@ def quantize_int8(x: torch.Tensor, group_size: int, axis: str = "token") -> Symm
 
     Codes are computed with the float16-rounded scale actually stored, so ``|x - x̂| <= s / 2``.
     """
-    if axis == "token" and x.is_cpu and x.shape[-1] % max(group_size, 1) == 0 and group_size > 0:
+    if axis == "token" and x.is_cpu and group_size > 0 and x.shape[-1] % group_size == 0:
         native = fused.native()
         if native is not None:  # the same operations in one C++ pass (a decode step quantizes a token per layer)
             codes, scale, peak = native.quantize_int8_token(x, group_size)
