@@ -535,5 +535,23 @@ def nothing_to_compress(config: Any, names: list[str], tokens: int | None = None
             "(0% reduction by construction)")
 
 
+def own_cache_class(config: Any) -> type | None:
+    """The cache class a model's modeling module defines for its linear-attention state (``get_linear_cache`` /
+    ``set_linear_cache``: MiniMax), which its forward insists on; ``None`` for every other model."""
+    import importlib
+
+    from transformers.cache_utils import Cache
+
+    kind = str(getattr(config, "model_type", "") or "")
+    if not kind.isidentifier():
+        return None
+    try:
+        modeling = importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
+    except ImportError:
+        return None
+    return next((c for c in vars(modeling).values() if inspect.isclass(c) and issubclass(c, Cache)
+                 and c.__module__ == modeling.__name__ and hasattr(c, "set_linear_cache")), None)
+
+
 def _span(layers: list[int]) -> str:
     return ", ".join(map(str, layers)) if len(layers) <= 4 else f"{layers[0]}-{layers[-1]} ({len(layers)})"

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, LinearAttentionLayer
 
-from kvbench.arch import LayerKind, describe, layer_kinds
+from kvbench.arch import LayerKind, describe, layer_kinds, own_cache_class
 from kvbench.attention import NAME as ATTENTION
 from kvbench.attention import PendingKV, PendingRows, PendingStep
 from kvbench.capture import QueryRecorder
@@ -168,12 +168,13 @@ class KVBenchCache(Cache):
 
     A model that accepts only its own cache class (MiniMax's ``MiniMaxCache``, whose lightning-attention state
     goes through ``get_linear_cache`` / ``set_linear_cache``) gets an instance of a subclass that is also that
-    class (:func:`_own_cache_class`); the state is kept in the layer's ``LinearAttentionLayer`` like any hybrid's.
+    class (:func:`kvbench.arch.own_cache_class`); the state is kept in the layer's ``LinearAttentionLayer``, like
+    any hybrid's.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> KVBenchCache:
         config = args[1] if len(args) > 1 else kwargs.get("config")  # absent when copy.deepcopy rebuilds one
-        own = None if config is None else _own_cache_class(config)
+        own = None if config is None else own_cache_class(config)
         if own is None or issubclass(cls, own):
             return super().__new__(cls)
         return super().__new__(_with_own_cache(cls, own))
@@ -291,23 +292,6 @@ class KVBenchCache(Cache):
         if any(isinstance(layer, LinearAttentionLayer) for layer in self.layers):  # a hybrid's state, beside kv_bytes
             out["recurrent_state_bytes"] = float(self.state_bytes())
         return out
-
-
-def _own_cache_class(config: Any) -> type | None:
-    """The cache class a model's modeling module defines for its linear-attention state (``get_linear_cache`` /
-    ``set_linear_cache``: MiniMax), which its forward insists on; ``None`` for every other model."""
-    import importlib
-    import inspect
-
-    kind = str(getattr(config, "model_type", "") or "")
-    if not kind.isidentifier():
-        return None
-    try:
-        modeling = importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
-    except ImportError:
-        return None
-    return next((c for c in vars(modeling).values() if inspect.isclass(c) and issubclass(c, Cache)
-                 and c.__module__ == modeling.__name__ and hasattr(c, "set_linear_cache")), None)
 
 
 _WITH_OWN: dict[tuple[type, type], type] = {}
