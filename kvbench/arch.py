@@ -16,24 +16,32 @@ query projection  separate ``q_proj`` (Llama, Mistral, Qwen, Gemma, OLMo) or fus
 q norm            RMSNorm over ``head_dim`` after the head split (Qwen3, Gemma-3, OLMo-3, EXAONE-4) or over
                   the whole projection before it (OLMo-2) — told apart by the norm's weight size; Llama-4's
                   weightless L2 norm after RoPE
-rotary            the modeling module's own ``apply_rotary_pos_emb`` on the ``cos``/``sin`` the model hands
-                  the layer (partial rotary, per-layer-type bases come for free), or Llama-4's complex
-                  ``apply_rotary_emb``; *which* layers rotate is read from the module (``use_rope``: SmolLM3,
-                  Llama-4) or, without that flag, observed in one 4-token forward (Cohere2 rotates only on
-                  its sliding layers): a layer that never calls the rotary function is NoPE
-attention type    ``config.layer_types`` (global / sliding / chunked) or, without it, every layer sliding
-                  when ``config.sliding_window`` is set (Mistral, Mixtral, Phi-3); a chunked layer, like a
-                  sliding one, never attends to more than ``attention_chunk_size - 1`` past tokens
+rotary            found by behaviour (:func:`rope_layers`): in one short forward, the function of the modeling
+                  module each layer hands the position embeddings it was given (``cos``/``sin``, or a complex
+                  ``freqs_cis``: Llama-4, DeepSeek-V2) is its rotary function, replayed in the form it was
+                  called (queries and keys together, or one tensor with ``unsqueeze_dim``: Gemma-3n/4) — partial
+                  rotary and per-layer-type bases come for free; a layer that hands them to none is NoPE
+                  (SmolLM3's and Llama-4's NoPE layers, Cohere2's global layers, Kimi-Linear's MLA)
+layer type        transformers' own cache layout (``get_layer_types_and_kwargs``): ``layer_types`` or each
+                  layer's ``sliding_window`` / ``attention_chunk_size``; a chunked layer, like a sliding one,
+                  never attends to more than ``window - 1`` past tokens, and a window bounds a sequence only
+                  when shorter than it (Mistral's 4,096 tokens over 512 hold every token: the strategy's);
+                  MLP/MoE-only layers (Nemotron-H) and layers reading another layer's K/V (Gemma-3n/4's
+                  ``kv_sharing_modes``: the reader attends over the source layer's store, bytes counted once)
+                  hold no cache
 scaling, soft-cap the module's ``scaling`` and ``attn_logit_softcapping`` (Gemma-2); GPT-OSS's per-head
 sinks            learned sink logits ``module.sinks``, one extra softmax column that takes probability mass
                   and is then dropped (:mod:`kvbench.attention`, ``strategies._eviction``)
-hybrids           linear-attention / state-space layers (Qwen3-Next, Jamba: ``layer_types``
-                  ``linear_attention``) keep transformers' own ``LinearAttentionLayer`` in kvbench's cache;
-                  strategies hold the attention layers only, and the state's bytes are reported beside the KV
-                  bytes. Falcon-H1 (attention and Mamba side by side in one layer) is refused
-latent attention  DeepSeek-V2/V3's MLA: transformers caches the compressed latent (keys slot) and the one
-                  shared rotary key (values slot) per token, so kvbench's stores hold exactly those; queries
-                  come from the low-rank projection with (interleaved) RoPE on their rotary part; strategies
+hybrids           linear-attention / state-space layers (Qwen3-Next, Jamba, MiniMax, OLMo-Hybrid, Kimi-Linear,
+                  Nemotron-H) keep transformers' own ``LinearAttentionLayer`` in kvbench's cache (MiniMax's
+                  own cache class is honoured); each layer is judged by its type, so their linear blocks'
+                  query projections are not taken for attention; strategies hold the attention layers only,
+                  and the state's bytes are reported beside the KV bytes. Falcon-H1 (attention and Mamba side
+                  by side in one layer) is refused
+latent attention  DeepSeek-V2/V3's (Kimi-Linear's) MLA: transformers caches the compressed latent (keys slot) and
+                  the one shared rotary key (values slot) per token, so kvbench's stores hold exactly those;
+                  queries come from the (low-rank) projection with RoPE on their rotary part, and query/key
+                  heads may be wider than value heads (DeepSeek-V3: 192 and 128); strategies
                   that score with queries or give keys and values one shape are refused
                   (:func:`strategy_refusal`)
 ================  =======================================================================================
