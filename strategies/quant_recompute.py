@@ -69,8 +69,10 @@ def recompute_flops(model: nn.Module, tokens: int, batch: int = 1) -> int:
     linear = sum(m.weight.numel() for m in base.modules() if isinstance(m, nn.Linear))
     cfg = model.config
     heads = int(cfg.num_attention_heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-    attention = 2 * int(cfg.num_hidden_layers) * heads * head_dim * tokens * (tokens + 1)
+    # Per layer: Gemma-4's global layers have wider heads than its sliding ones (its config has no one head_dim).
+    layers = getattr(cfg, "per_layer_config", None) or [cfg] * int(cfg.num_hidden_layers)
+    head_dims = sum(int(getattr(c, "head_dim", None) or cfg.hidden_size // heads) for c in layers)
+    attention = 2 * heads * head_dims * tokens * (tokens + 1)
     return batch * (2 * linear * tokens + attention)
 
 
