@@ -42,8 +42,8 @@ def kvbench_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
                               value: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float = 0.0,
                               scaling: float | None = None, is_causal: bool | None = None,
                               **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature: ``query [b, q_heads, q, d]``, ``key``/``value``
-    ``[b, kv_heads, kv, d]``; returns ``[b, q, q_heads, d]`` (and no weights)."""
+    """transformers' attention-function signature: ``query [b, q_heads, q, d]``, ``key [b, kv_heads, kv, d]``,
+    ``value [b, kv_heads, kv, dv]``; returns ``[b, q, q_heads, dv]`` (and no weights)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     sinks = kwargs.get("s_aux")
@@ -91,8 +91,9 @@ def kvbench_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
         probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :kv].to(work).reshape(b, hkv, g * q, kv)
     else:
         probs = torch.softmax(scores, dim=-1).to(work).view(b, hkv, g * q, kv)
-    out = torch.matmul(probs, value.to(work)).to(value.dtype)  # [b, hkv, g * q, d]
-    return out.view(b, hq, q, d).transpose(1, 2).contiguous(), None
+    out = torch.matmul(probs, value.to(work)).to(value.dtype)  # [b, hkv, g * q, value width]
+    # The value width, not the query's: MLA's query/key heads are wider than its values (DeepSeek-V3: 192, 128).
+    return out.view(b, hq, q, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
 class PendingStep:

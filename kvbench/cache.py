@@ -27,9 +27,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionLayer
+from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, LinearAttentionLayer
 
-from kvbench.arch import LayerKind, describe, layer_kinds
+from kvbench.arch import LayerKind, describe, layer_kinds, own_cache_class
 from kvbench.attention import NAME as ATTENTION
 from kvbench.attention import PendingKV, PendingRows, PendingStep
 from kvbench.capture import QueryRecorder
@@ -67,18 +67,24 @@ class KVBenchLayer(CacheLayerMixin):
     """Adapter from transformers' layer protocol to a kvbench :class:`LayerStore`.
 
     ``kind`` is the layer's attention type; a sliding layer with ``windowed`` holds a :class:`WindowStore`
-    instead of the strategy's store (``windowed=False`` keeps every token: the shared capture).
+    instead of the strategy's store (``windowed=False`` keeps every token: the shared capture, or a window at
+    least as long as the sequence, ``tokens``, which then bounds nothing). ``shared``: another layer attends over
+    this layer's K/V (Gemma-3n's and Gemma-4's ``kv_sharing_modes`` ``store``), so each step returns the K/V the
+    store holds, read by both layers, instead of letting the store attend once.
     """
 
     is_croppable = False
 
     def __init__(self, store: LayerStore, kind: LayerKind | None = None, windowed: bool = True,
-                 config: Any = None) -> None:
+                 config: Any = None, shared: bool = False, tokens: int | None = None) -> None:
         super().__init__()
         self.config = config  # the model's: its attention implementation decides how a step reads the store
         self.kind = kind or LayerKind()
         self.is_sliding = self.kind.sliding  # transformers sizes the sliding mask from the first such layer
-        self.windowed = windowed and self.kind.sliding
+        self.windowed = windowed and self.kind.bounds(tokens)
+        # A window ruled out by ``tokens`` holds every token; past its length it would bound after all.
+        self.limit = self.kind.window - 1 if windowed and self.kind.sliding and not self.windowed else None
+        self.shared = shared
         self.strategy = store.strategy
         if self.windowed:
             assert self.kind.window is not None
@@ -114,7 +120,11 @@ class KVBenchLayer(CacheLayerMixin):
             self.seen_tokens = key_states.shape[-2]
             return key_states, value_states
         self.seen_tokens += key_states.shape[-2]
-        if getattr(self.config, "_attn_implementation", None) == ATTENTION:
+        if self.limit is not None and self.seen_tokens > self.limit:
+            raise KVBenchError(f"layer {self.store.layer_idx}: {self.seen_tokens} tokens outgrew the "
+                               f"{self.kind.window}-token window this cache was built to hold whole "
+                               "(KVBenchCache tokens=...)")
+        if getattr(self.config, "_attn_implementation", None) == ATTENTION and not self.shared:
             # Deferred to kvbench's attention, which lets the store attend over its own storage
             # (``LayerStore.attend``); anything else touching these K/V gets what ``append`` returns.
             return PendingKV.wrap(PendingStep(self.store, key_states, value_states))
@@ -154,18 +164,37 @@ def _own(t: torch.Tensor) -> torch.Tensor:
 
 
 class KVBenchCache(Cache):
-    """A transformers ``Cache`` whose layers are a strategy's stores."""
+    """A transformers ``Cache`` whose layers are a strategy's stores.
 
-    def __init__(self, strategy: Strategy, config: Any, windows: bool = True) -> None:
+    A model that accepts only its own cache class (MiniMax's ``MiniMaxCache``, whose lightning-attention state
+    goes through ``get_linear_cache`` / ``set_linear_cache``) gets an instance of a subclass that is also that
+    class (:func:`kvbench.arch.own_cache_class`); the state is kept in the layer's ``LinearAttentionLayer``, like
+    any hybrid's.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> KVBenchCache:
+        config = args[1] if len(args) > 1 else kwargs.get("config")  # absent when copy.deepcopy rebuilds one
+        own = None if config is None else own_cache_class(config)
+        if own is None or issubclass(cls, own):
+            return super().__new__(cls)
+        return super().__new__(_with_own_cache(cls, own))
+
+    def __init__(self, strategy: Strategy, config: Any, windows: bool = True, tokens: int | None = None) -> None:
         """``windows=False``: sliding-window layers keep every token too (the engine's shared capture, from
-        which each strategy's cache, windowed, is built)."""
+        which each strategy's cache, windowed, is built). ``tokens``: the most tokens the cache will see
+        (context, question and answer), when known: a window at least that long bounds nothing, so its layer
+        is the strategy's like a global one (Mistral's 4,096-token window over a 512-token context)."""
         kinds = layer_kinds(config)
         n = len(kinds)
         self.strategy = strategy
         self.config = config
-        super().__init__(layers=[LinearAttentionLayer() if kinds[i].recurrent  # a hybrid's state: the model's own
-                                 else KVBenchLayer(strategy.new_layer(i, n), kinds[i], windows, config)
-                                 for i in range(n)])
+        self.tokens = tokens
+        sharing = list(getattr(config, "kv_sharing_modes", None) or [None] * n)
+        Cache.__init__(self, layers=[  # not super(): a model's own cache class (MiniMax) may follow in the MRO
+            LinearAttentionLayer() if kinds[i].recurrent  # a hybrid's state: the model's own
+            else KVBenchLayer(strategy.new_layer(i, n), kinds[i], windows, config, sharing[i] == "store", tokens)
+            if kinds[i].kv else DummyLayer()  # no cache: an MLP layer, or one reading another layer's K/V
+            for i in range(n)])
 
     @property
     def kv_layers(self) -> list[KVBenchLayer]:
@@ -175,12 +204,12 @@ class KVBenchCache(Cache):
     # -- building from a shared prefill ---------------------------------------------------------
     @classmethod
     def from_capture(cls, strategy: Strategy, config: Any, keys: list[torch.Tensor], values: list[torch.Tensor],
-                     captures: list[LayerCapture] | None = None, states: dict[int, Any] | None = None
-                     ) -> KVBenchCache:
+                     captures: list[LayerCapture] | None = None, states: dict[int, Any] | None = None,
+                     tokens: int | None = None) -> KVBenchCache:
         """``keys``/``values``: per layer (``None`` at a hybrid's recurrent layers, whose captured
         ``LinearAttentionLayer`` in ``states`` is copied: decoding updates it in place); ``captures``: per
-        attention layer, in order."""
-        cache = cls(strategy, config)
+        attention layer, in order; ``tokens`` as in the constructor."""
+        cache = cls(strategy, config, tokens=tokens)
         caps = iter(captures) if captures is not None else None
         for i, layer in enumerate(cache.layers):
             if isinstance(layer, KVBenchLayer):
@@ -260,9 +289,27 @@ class KVBenchCache(Cache):
         out = {k: v / len(own) for k, v in acc.items()}
         if len(own) < len(kv):
             out["window_layers"] = float(len(kv) - len(own))
-        if len(kv) < len(self.layers):  # a hybrid: its recurrent state, beside kv_bytes
+        if any(isinstance(layer, LinearAttentionLayer) for layer in self.layers):  # a hybrid's state, beside kv_bytes
             out["recurrent_state_bytes"] = float(self.state_bytes())
         return out
+
+
+_WITH_OWN: dict[tuple[type, type], type] = {}
+
+
+def _with_own_cache(cls: type, own: type) -> type:
+    """``cls`` that is also ``own`` (MiniMax's cache class): its linear-attention state in kvbench's layers."""
+    if (cls, own) not in _WITH_OWN:
+        def set_linear_cache(self: KVBenchCache, layer_idx: int, state: torch.Tensor) -> None:
+            self.layers[layer_idx].recurrent_states[0] = state
+
+        def get_linear_cache(self: KVBenchCache, layer_idx: int) -> torch.Tensor | None:
+            return self.layers[layer_idx].recurrent_states[0]
+
+        _WITH_OWN[cls, own] = type(f"{cls.__name__}As{own.__name__}", (cls, own), {
+            "__module__": __name__, "set_linear_cache": set_linear_cache, "get_linear_cache": get_linear_cache,
+            "__len__": Cache.__len__})
+    return _WITH_OWN[cls, own]
 
 
 # -- several samples in one forward ----------------------------------------------------------------------
@@ -332,8 +379,9 @@ class RowsCache(Cache):
 
     def __init__(self, caches: list[KVBenchCache]) -> None:
         if len(caches) > 1 and len(caches[0].kv_layers) < len(caches[0].layers):
-            raise KVBenchError("engine.batch_size > 1 is not supported for hybrid models (their recurrent layers "
-                               "hold one state per batch row); use engine.batch_size=1")
+            raise KVBenchError("engine.batch_size > 1 is not supported for models with layers holding no K/V of "
+                               "their own (hybrids' recurrent layers, MLP-only or shared-KV layers); use "
+                               "engine.batch_size=1")
         if len(caches) > 1 and any(layer.kind.sliding for layer in caches[0].layers):
             raise KVBenchError("engine.batch_size > 1 is not supported for models with sliding-window layers "
                                "(the per-row masks do not apply the window yet); use engine.batch_size=1")

@@ -3,8 +3,8 @@
 Attention-aware strategies (SnapKV, H2O, TOVA, ...) score keys against queries, but transformers'
 cache API only ever sees keys and values. The hook recomputes the queries of the last ``window``
 positions through the layer's :class:`kvbench.arch.AttentionAdapter` (the module's own query projection,
-fused or not, its q norm, and the modeling module's own ``apply_rotary_pos_emb`` on the ``cos``/``sin`` the
-model passes in), so no T x T attention matrix is ever materialised and every supported family's
+fused or not, its q norm, and the rotary function the layer was observed to call, on the position embeddings
+the model passes in), so no T x T attention matrix is ever materialised and every supported family's
 queries equal the module's own (``tests/test_arch_matrix.py``).
 
 :class:`LayerCapture` lives here, in kvbench's core (which imports no strategy), so that ``strategies`` can

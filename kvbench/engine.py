@@ -157,18 +157,20 @@ class Engine:
         strategy.bind(RunContext(model=self.model, hardware=self.hardware, prefix_ids=prefix, device=self.device,
                                  working_copy=self.working_copy))
 
-    def _cache(self, strategy: Strategy, row: PrefillRow) -> tuple[KVBenchCache, float]:
+    def _cache(self, strategy: Strategy, row: PrefillRow, tokens: int | None = None) -> tuple[KVBenchCache, float]:
+        """The strategy's cache built from a captured prefill; ``tokens``: the most the sample's cache will see
+        (:attr:`Sample.total_tokens`), so a window at least that long is compressed like a global layer."""
         with Timer(self.device) as t:
             cache = KVBenchCache.from_capture(strategy, self.model.config, row.keys, row.values, row.captures,
-                                              row.states)
+                                              row.states, tokens=tokens)
         return cache, t.seconds
 
     def chunked_prefill(self, strategy: Strategy, prefix: torch.Tensor,
-                        chunk_tokens: int) -> tuple[KVBenchCache, float, int]:
+                        chunk_tokens: int, tokens: int | None = None) -> tuple[KVBenchCache, float, int]:
         """Prefill in chunks straight into the strategy's cache, compacting after each chunk, so the cache
         never holds more than its budget plus one chunk (and quantized chunks are stored quantized at once).
         """
-        cache = KVBenchCache(strategy, self.model.config)
+        cache = KVBenchCache(strategy, self.model.config, tokens=tokens)
         with torch.inference_mode(), cache.attach(self.model), PeakMemory(self.device) as peak, \
                 Timer(self.device) as timer:
             for start in range(0, prefix.shape[1], chunk_tokens):
@@ -200,7 +202,7 @@ class Engine:
                 out = []
                 for i, (sample, r) in enumerate(zip(samples, rows, strict=True)):
                     self.bind(strategy, sample.prefix_ids)  # per sample: stores read their own prefix ids at build
-                    cache, compress_s[i] = self._cache(strategy, pre.rows[r])
+                    cache, compress_s[i] = self._cache(strategy, pre.rows[r], sample.total_tokens)
                     out.append(cache)
                 return out
 
@@ -220,7 +222,8 @@ class Engine:
         else:
             self.bind(strategy, samples[0].prefix_ids)
             prefix = torch.tensor([samples[0].prefix_ids], device=self.device)
-            built, prefill_s, prefill_peak = self.chunked_prefill(strategy, prefix, chunk_tokens)
+            built, prefill_s, prefill_peak = self.chunked_prefill(strategy, prefix, chunk_tokens,
+                                                                  samples[0].total_tokens)
             # Compression happened inside the chunked prefill; pass (a) gets a copy, pass (b) the original.
             copies = [clone_cache(built, self.model), built]
 
@@ -242,7 +245,8 @@ class Engine:
         if any(q.prefix_ids != prefix for q in questions):
             raise KVBenchError("questions of one context must share their prefix_ids")
         self.bind(strategy, prefix)
-        built, seconds = self._cache(strategy, pre.rows[0])
+        tokens = max(q.total_tokens for q in questions)
+        built, seconds = self._cache(strategy, pre.rows[0], tokens)
         first = try_clone(strategy, built, self.model)
         if first is not None:
             spare = [first]  # the trial copy serves the first pass
@@ -253,7 +257,7 @@ class Engine:
             # Stores that hold more than tensors (files, cross-layer links, backend tensor subclasses): each
             # pass gets the cache rebuilt from the capture instead, equal by construction.
             def copies() -> list[KVBenchCache]:
-                return [self._cache(strategy, pre.rows[0])[0]]
+                return [self._cache(strategy, pre.rows[0], tokens)[0]]
 
         results = []
         for question, base in zip(questions, baseline_logps, strict=True):

@@ -46,7 +46,7 @@ class _Float32Linear:
 
 def _sixteen_bit_params(model: torch.nn.Module) -> int:
     return sum(m.weight.numel() for m in model.modules()
-               if isinstance(m, torch.nn.Linear) and m.weight.dtype in _SIXTEEN_BIT)
+               if type(m) is torch.nn.Linear and m.weight.dtype in _SIXTEEN_BIT)
 
 
 def _memory_bytes() -> int:
@@ -76,7 +76,9 @@ def use(model: torch.nn.Module | None, choice: str, device: str) -> str:
         return resolve(choice, device)
     name = resolve(choice, device, model)
     for m in model.modules():
-        if not isinstance(m, torch.nn.Linear):
+        # Plain nn.Linear only: a subclass may return more than a tensor (Llama-4's router returns scores and
+        # logits), and replacing its forward with a linear map would break the model.
+        if type(m) is not torch.nn.Linear:
             continue
         if name == "float32" and m.weight.dtype in _SIXTEEN_BIT:
             if not isinstance(m.__dict__.get("forward"), _Float32Linear):

@@ -40,13 +40,14 @@ def generate(model: Any, tokenizer: Any, context: str, question: str, strategy: 
 
     built = strategies.build(strategy, strategy_params(strategy, params))
     describe(model, [built])  # the CLI's model check, with its line: nothing is compressed silently wrong
-    note = nothing_to_compress(model.config, [strategy])
-    if note:
-        warnings.warn(note, stacklevel=2)
     device = next(model.parameters()).device
     ctx = torch.tensor([_ids(tokenizer, context, True)], device=device)
     ask = torch.tensor([_ids(tokenizer, question, False)], device=device)
-    cache = KVBenchCache(built, model.config)
+    tokens = ctx.shape[1] + ask.shape[1] + max_new_tokens  # the most this cache sees: a longer window bounds nothing
+    note = nothing_to_compress(model.config, [strategy], tokens)
+    if note:
+        warnings.warn(note, stacklevel=2)
+    cache = KVBenchCache(built, model.config, tokens=tokens)
     with torch.inference_mode(), cache.attach(model):
         model(input_ids=ctx, cache=cache, use_cache=True)  # compressed here, before the question is seen
         out = model.generate(input_ids=torch.cat([ctx, ask], dim=1), cache=cache, max_new_tokens=max_new_tokens,

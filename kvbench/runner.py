@@ -14,7 +14,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench import SPEC_VERSION
-from kvbench.arch import describe, nothing_to_compress
+from kvbench.arch import describe, nothing_to_compress, strategy_refusal
 from kvbench.baselines import BaselineKey
 from kvbench.engine import Engine, check_lengths
 from kvbench.errors import KVBenchError
@@ -86,6 +86,20 @@ def _query_aware(task_cfg: Any, samples: list[Sample]) -> bool:
     return bool(given)
 
 
+def applicable(model: torch.nn.Module, strategies: list[Strategy]) -> list[Strategy]:
+    """``strategies`` less those that cannot apply to ``model`` (:func:`kvbench.arch.strategy_refusal`: snapkv on
+    latent attention), each refused with its one line while the others run; :class:`KVBenchError` with that
+    line when none but ``full`` would be left (load_model already checked the model itself)."""
+    describe(model)
+    refused = {s.label(): line for s in strategies if (line := strategy_refusal(model, s)) is not None}
+    kept = [s for s in strategies if s.label() not in refused]
+    if refused and all(s.name == "full" for s in kept):
+        raise KVBenchError(next(iter(refused.values())))
+    for line in refused.values():
+        warn(f"{line}; the run goes on without it")
+    return kept
+
+
 def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFrame:
     """Execute one job and return its summary table. ``strategies``: those :func:`validate_cfg` built for
     ``cfg`` (``full`` first); built here when not given."""
@@ -102,13 +116,14 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
         print(announce(cfg, strategies), flush=True)
     lm = load_model(cfg.model.name, dtype=dtype, device=device, path=cfg.model.get("path"), seed=cfg.seed,
                     attn_implementation=attn)
-    describe(lm.model, strategies)  # load_model checked the model; this checks each strategy on it (MLA)
-    note = nothing_to_compress(lm.model.config, [s.name for s in strategies])
-    if note:
-        warn(note)
+    strategies = applicable(lm.model, strategies)
     samples = build_samples(cfg.task.name, cfg.task, lm.tokenizer, lm.max_context)
     for s in samples:
         check_lengths(s, lm.max_context)
+    note = nothing_to_compress(lm.model.config, [s.name for s in strategies],
+                               min((s.total_tokens for s in samples), default=None))
+    if note:
+        warn(note)
     # Checked after every input is validated, so bad input leaves results_dir untouched.
     results_dir = _writable_results_dir(cfg.results_dir)
 

@@ -52,6 +52,7 @@ from kvbench.strategies.base import LayerCapture, LayerStore, Strategy, held_byt
 from torch import nn
 
 import kvbench.blockattn as blockattn
+from kvbench.arch import own_cache_class
 from kvbench.blockattn import Dense
 from kvbench.errors import KVBenchError
 from kvbench.quantizers import TokenChunk
@@ -68,8 +69,10 @@ def recompute_flops(model: nn.Module, tokens: int, batch: int = 1) -> int:
     linear = sum(m.weight.numel() for m in base.modules() if isinstance(m, nn.Linear))
     cfg = model.config
     heads = int(cfg.num_attention_heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-    attention = 2 * int(cfg.num_hidden_layers) * heads * head_dim * tokens * (tokens + 1)
+    # Per layer: Gemma-4's global layers have wider heads than its sliding ones (its config has no one head_dim).
+    layers = getattr(cfg, "per_layer_config", None) or [cfg] * int(cfg.num_hidden_layers)
+    head_dims = sum(int(getattr(c, "head_dim", None) or cfg.hidden_size // heads) for c in layers)
+    attention = 2 * heads * head_dims * tokens * (tokens + 1)
     return batch * (2 * linear * tokens + attention)
 
 
@@ -102,7 +105,8 @@ class Segment:
         base = getattr(self.model, "base_model", self.model)
         ids = self.ids.long()
         positions = torch.arange(self.tokens, device=ids.device).expand(ids.shape[0], -1)
-        cache = DynamicCache(config=self.model.config)
+        own = own_cache_class(self.model.config)  # MiniMax accepts only its own cache class
+        cache = own() if own is not None else DynamicCache(config=self.model.config)
         began = time.perf_counter()
         with torch.no_grad():
             base(input_ids=ids, position_ids=positions, cache=cache, use_cache=True)
@@ -110,8 +114,10 @@ class Segment:
             torch.cuda.synchronize(ids.device)
         self.seconds += time.perf_counter() - began
         self.recomputes += 1
-        # A hybrid's recurrent layers hold no K/V (their state is the model's, not this store's).
-        self.pending = {i: (layer.keys, layer.values) for i, layer in enumerate(cache.layers) if hasattr(layer, "keys")}
+        # A hybrid's recurrent layers hold no K/V (their state is the model's, not this store's), nor do MLP layers
+        # and layers reading another layer's K/V (transformers' DummyLayer).
+        self.pending = {i: (layer.keys, layer.values) for i, layer in enumerate(cache.layers)
+                        if getattr(layer, "keys", None) is not None}
         self.transient_bytes = sum(k.numel() * k.element_size() * 2 for k, _ in self.pending.values())
 
 

@@ -28,23 +28,32 @@ def run_lm_eval(args: Sequence[str]) -> int:
         sub, rest = "run", argv
     if sub == "run" and not any(a in ("--model", "-M") or a.startswith("--model=") for a in rest):
         rest = ["--model", MODEL_NAME, *rest]
-    from lm_eval.__main__ import cli_evaluate
-
     saved = sys.argv
     sys.argv = ["lm-eval", sub, *rest]
     try:
-        cli_evaluate()
+        return _evaluate()
     finally:
         sys.argv = saved
+
+
+def _evaluate() -> int:
+    """lm-eval's CLI on ``sys.argv``; kvbench's refusals (an unsupported model, a strategy that cannot apply to
+    it, a bad model argument) are the same one line and exit status 2 as ``python -m kvbench``, not the end of
+    lm-eval's traceback."""
+    from lm_eval.__main__ import cli_evaluate
+
+    try:
+        cli_evaluate()
+    except KVBenchError as exc:
+        print(f"kvbench: error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
     return 0
 
 
 def console_main() -> None:
     """``kvbench-lm-eval``: exactly ``lm-eval``'s command line, with the ``kvbench`` model registered."""
     register()
-    from lm_eval.__main__ import cli_evaluate
-
-    cli_evaluate()
+    raise SystemExit(_evaluate())
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -300,8 +300,10 @@ class KVBenchLM(_LMBase):  # type: ignore[misc,valid-type]
         from kvbench.cache import KVBenchCache
 
         self.engine.bind(self.strategy, prefix)
+        # No request's cache sees more than this: a window at least as long bounds nothing (kvbench.arch).
+        tokens = self.max_length + self.max_gen_toks
         if not prefix:
-            return KVBenchCache(self.strategy, self.model.config)
+            return KVBenchCache(self.strategy, self.model.config, tokens=tokens)
         key = tuple(prefix)
         if self._last is None or self._last[0] != key:
             self._last = None  # free the previous capture before allocating the next
@@ -309,7 +311,7 @@ class KVBenchLM(_LMBase):  # type: ignore[misc,valid-type]
             self._last = (key, self.engine.capture(ids, self.strategy.query_window).rows[0])
         row = self._last[1]
         cache = KVBenchCache.from_capture(self.strategy, self.model.config, row.keys, row.values, row.captures,
-                                          row.states)
+                                          row.states, tokens=tokens)
         self.stats.add(cache, len(prefix))
         return cache
 

@@ -49,6 +49,12 @@ class Sample:
     def context_tokens(self) -> int:
         return len(self.prefix_ids)
 
+    @property
+    def total_tokens(self) -> int:
+        """The most tokens a cache of this sample ever sees: context, question, and the longer of the gold
+        answer (teacher forcing) and the decoded one."""
+        return len(self.prefix_ids) + len(self.query_ids) + max(len(self.gold_ids), self.max_new_tokens)
+
 
 @dataclass(frozen=True)
 class TaskInputs:
