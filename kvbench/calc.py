@@ -62,6 +62,14 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
                    "vocab_size": 128256, "max_position_embeddings": 8192, "tie_word_embeddings": False},
     },
+    "llama-3-70b": {
+        "display": "Llama-3-70B",
+        "source": "huggingface.co/meta-llama/Meta-Llama-3-70B config.json",
+        "params": 70_553_706_496,
+        "config": {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
+                   "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+                   "vocab_size": 128256, "max_position_embeddings": 8192, "tie_word_embeddings": False},
+    },
     "llama-3.1-8b": {
         "display": "Llama-3.1-8B",
         "source": "huggingface.co/meta-llama/Llama-3.1-8B config.json",
@@ -72,14 +80,6 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "rope_theta": 500000.0,
                    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
-    },
-    "llama-3-70b": {
-        "display": "Llama-3-70B",
-        "source": "huggingface.co/meta-llama/Meta-Llama-3-70B config.json",
-        "params": 70_553_706_496,
-        "config": {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
-                   "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
-                   "vocab_size": 128256, "max_position_embeddings": 8192, "tie_word_embeddings": False},
     },
     "qwen2.5-7b": {
         "display": "Qwen2.5-7B",
