@@ -3,6 +3,7 @@
     kvbench advise model=llama-3-70b task.context_tokens=12000 hardware=server-gpu-80g task=legal
     kvbench advise model=llama-3.1-8b task.context_tokens=32768 hardware=consumer-gpu-24g concurrency=8
     kvbench advise model=local model.path=/models/Llama-3.2-1B hardware=laptop-16g latency_ms=100
+    kvbench advise model=llama-3.1-8b hardware=probed         # conf/hardware/probed.yaml from `kvbench hardware probe`
     kvbench advise model=llama-3-70b hardware=server-gpu-80g devices=2 hardware.memory_bytes=85899345920
 
 Hydra-configured (``conf/advise.yaml``; keys, defaults and types are :class:`AdviseConfig`; ``model=``,
