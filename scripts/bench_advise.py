@@ -103,21 +103,26 @@ def _median(s: pd.Series) -> float:
     return statistics.median(vals) if vals else float("nan")
 
 
-def render(res: pd.DataFrame, raw: pd.DataFrame, command: str, out: Path) -> str:
-    first = raw.iloc[0]
+def render(res: pd.DataFrame, raws: list[pd.DataFrame], out: Path) -> str:
+    first = raws[0].iloc[0]
     med = {c: _median(res[c]) for c in ("fits_err", "profile_tps_err", "probed_tps_err", "profile_prefill_err",
                                         "probed_prefill_err")}
-    lines = [
-        "# `kvbench advise` checked against `kvbench throughput` (measured by `scripts/bench_advise.py`)", "",
-        f"Measured: `{command}` (commit {first.get('commit', '')}); {first['model']} in {first['dtype']} on "
-        f"{first['device']}, {int(first['threads'])} threads, engine.linear={first['linear']}; load average (1 min) "
-        f"{raw['load_1m'].min():.1f}–{raw['load_1m'].max():.1f} while it ran.", "",
+    lines = ["# `kvbench advise` checked against `kvbench throughput` (measured by `scripts/bench_advise.py`)", ""]
+    for raw in raws:
+        r0 = raw.iloc[0]
+        lines += [f"Measured: `{r0.get('command', '')}` (commit {r0.get('commit', '')}); {r0['model']} in "
+                  f"{r0['dtype']} on {r0['device']}, {int(r0['threads'])} threads, engine.linear={r0['linear']}; "
+                  f"copy bandwidth "
+                  f"{r0['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s and float32 matmul {r0['flops_per_s'] / 1e9:.1f} "
+                  f"GFLOP/s measured at its start; load average (1 min) {raw['load_1m'].min():.1f}–"
+                  f"{raw['load_1m'].max():.1f} while it ran.", ""]
+    lines += [
         "Predicted by `kvbench.advise` for the same model, context and memory (the budget as the device's memory, "
         "reserve 0, weights at 2 B/param as engine.linear=native holds them), from the committed store's bytes per "
         "token (`results/**/leaderboard.csv`, query-agnostic). Speed predictions are at the batch the measurement ran "
         f"(so the speed model is judged apart from `fits`): over the `{first['hardware']}` profile's figures "
-        f"(\"profile\") and over the copy bandwidth ({first['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s) and float32 "
-        f"matmul ({first['flops_per_s'] / 1e9:.1f} GFLOP/s) measured at the start of the same run (\"probed\"). "
+        "(\"profile\") and over the copy bandwidth and float32 matmul FLOP/s measured at the start of the same "
+        "run (\"probed\"). "
         "Error = |predicted − measured| / measured.", "",
         "| strategy | context | budget GB | KV MB/seq predicted | KV MB/seq stored | working set MB/seq | "
         "fits predicted | fits measured | fits error | tokens/s measured | "
@@ -153,6 +158,12 @@ def cause_lines(res: pd.DataFrame, med: dict[str, float]) -> list[str]:
                      "(the KV columns: predicted against stored), while a sequence here holds its measured working set "
                      "(stored bytes + the dequantized working copy kept as scratch by default + the step's "
                      "temporaries, `kvbench/footprint.py`), which a deployment's reserve must cover.")
+    stored = _median(res["kv_mb"] / res["pred_kv_mb"])
+    if stored > 1.1:
+        lines.append(f"The stored bytes themselves exceed the projection (median ×{stored:.2f}, the KV columns): the "
+                     "projection uses each strategy's bytes per token measured at the store's 4,096-token contexts, "
+                     "and at these short contexts a store holds more per context token (the question's tokens, "
+                     "buffer headroom, and an eviction window that a 4K context dilutes).")
     over = (res["probed_tps"] > res["tps"]).mean()
     if med["probed_tps_err"] > 0.25:
         lines.append(f"Decode tokens/s misses by a median {_pct(med['probed_tps_err'])} even over the same-run "
@@ -162,7 +173,9 @@ def cause_lines(res: pd.DataFrame, med: dict[str, float]) -> list[str]:
                      "(`results/perf/reader.md`) take most of each step, so the bound is far from reached. On a GPU, "
                      "where a step is bound by the bytes it reads, the roofline is the usual estimate; on this CPU "
                      "the predicted tokens/s is an upper bound, and the ratios between strategies (which is what "
-                     "ranks them) are the usable part.")
+                     "ranks them) are the usable part. The measurement also ran on a machine shared with other "
+                     "jobs (the load averages above, on 2 cores), so its tokens/s got a fraction of the cores the "
+                     "same-run bandwidth and FLOP/s figures describe.")
     if med["probed_prefill_err"] > 0.25:
         lines.append(f"Prefill misses by a median {_pct(med['probed_prefill_err'])} over the same-run figures: "
                      "the prefill's matmuls run below the 1024×1024 float32 matmul rate measured at the start "
@@ -177,7 +190,8 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="suffix of the output files (e.g. gpu)")
     ap.add_argument("--out", default=str(PERF))
     ap.add_argument("--results-root", default=str(ROOT / "results"))
-    ap.add_argument("--render-only", action="store_true", help="compare the committed CSV again, measuring nothing")
+    ap.add_argument("--render-only", action="store_true", help="compare the committed CSV(s) again, measuring nothing")
+    ap.add_argument("--also", nargs="*", default=[], help="further advise_validation CSVs (earlier runs) to include")
     args = ap.parse_args()
     stem = "advise_validation" + (f"_{args.tag}" if args.tag else "")
     out = Path(args.out)
@@ -185,10 +199,11 @@ def main() -> None:
     csv = out / f"{stem}.csv"
     if not args.render_only:
         measure(args, csv)
-    raw = pd.read_csv(csv)
-    command = str(raw["command"].iloc[0]) if "command" in raw else ""
-    res = compare(raw, args.task, Path(args.results_root))
-    print(render(res, raw, command, out / f"{stem}.md"))
+    raws = [pd.read_csv(p) for p in [*map(Path, args.also), csv] if p.is_file()]
+    if not raws:
+        sys.exit(f"bench_advise: no {csv} to compare; run without --render-only")
+    res = pd.concat([compare(raw, args.task, Path(args.results_root)) for raw in raws], ignore_index=True)
+    print(render(res, raws, out / f"{stem}.md"))
 
 
 if __name__ == "__main__":
