@@ -70,6 +70,17 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
                    "vocab_size": 128256, "max_position_embeddings": 8192, "tie_word_embeddings": False},
     },
+    "llama-3.1-8b": {
+        "display": "Llama-3.1-8B",
+        "source": "huggingface.co/meta-llama/Llama-3.1-8B config.json",
+        "params": 8_030_261_248,
+        "config": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+                   "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                   "vocab_size": 128256, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+                   "rope_theta": 500000.0,
+                   "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+    },
     "qwen2.5-7b": {
         "display": "Qwen2.5-7B",
         "source": "huggingface.co/Qwen/Qwen2.5-7B config.json",

@@ -1,4 +1,4 @@
-"""Command line: ``python -m kvbench [hydra overrides]`` runs a benchmark; ``kvbench calc|calibrate|hardware|
+"""Command line: ``python -m kvbench [hydra overrides]`` runs a benchmark; ``kvbench advise|calc|calibrate|hardware|
 leaderboard|lmeval|plan|sweep|verify ...`` dispatch to their own tools. Bad input ends with one line on stderr and exit
 status 2, never a traceback, and nothing written. Before the first job starts, every job of a (multi)run is
 composed and checked as far as it can be without the model's weights (:func:`kvbench.config.check_overrides`):
@@ -33,6 +33,7 @@ from kvbench.config import GROUPS, check_overrides, conf_dir, group_options, reg
 from kvbench.errors import KVBenchError
 
 SUBCOMMANDS = {
+    "advise": "kvbench.advise",
     "calc": "kvbench.calc_cli",
     "calibrate": "kvbench.calibrate",
     "design": "kvbench.design_cli",
@@ -45,6 +46,7 @@ SUBCOMMANDS = {
     "throughput": "kvbench.throughput",
 }
 SUBCOMMAND_HELP = {
+    "advise": "which strategy to use on a device, model, context and load (fits, speed, accuracy evidence)",
     "calibrate": "tune a needle task on your corpus until the full baseline reaches a target accuracy",
     "calc": "KV-cache size and time for any model/context/hardware, from the formulas (`kvbench calc claim`)",
     "design": "register the confirmatory study for your model and hardware (writes the design, plans n)",

@@ -209,3 +209,28 @@ def modelled_recompute_seconds(profile: HardwareProfile, flops: float) -> float:
     if not _is_number(flops) or flops < 0:
         raise KVBenchError(f"flops must be a non-negative number, got {flops!r}")
     return flops / _figure(profile, "peak_flops")
+
+
+# -- roofline: the one model of a decode step's and a prefill's time, shared by `kvbench advise` and
+# scripts/bench_throughput.py --------------------------------------------------------------------------------
+MEMORY, COMPUTE = "memory", "compute"
+
+
+def attention_flops(head_dim: int, held_tokens: float, heads: int, kv_heads: int) -> float:
+    """FLOPs of one new token's attention over ``held_tokens`` (summed over layers): each held KV token is
+    scored (q·k, 2 × head_dim) and mixed (p·v, 2 × head_dim) by ``heads / kv_heads`` query heads per KV head."""
+    return 4 * head_dim * held_tokens * heads / kv_heads
+
+
+def roofline_seconds(nbytes: float, flops: float, bandwidth_bytes_per_s: float, flops_per_s: float
+                     ) -> tuple[float, str]:
+    """(seconds, bound) of a step that moves ``nbytes`` and computes ``flops``: the larger of bytes over the
+    bandwidth and FLOPs over the FLOP/s, and which of the two it is. Peak figures make it a lower bound."""
+    mem, comp = nbytes / bandwidth_bytes_per_s, flops / flops_per_s
+    return (mem, MEMORY) if mem >= comp else (comp, COMPUTE)
+
+
+def profile_roofline(profile: HardwareProfile, nbytes: float, flops: float) -> tuple[float, str]:
+    """:func:`roofline_seconds` over ``profile``'s device-memory bandwidth and peak FLOP/s."""
+    return roofline_seconds(nbytes, flops, _figure(profile, "device_mem_bw_gbps") * GB,
+                            _figure(profile, "peak_flops"))

@@ -378,13 +378,15 @@ class Bench:
 
 def roofline_fields(bench: Bench, rows: int, reads: float, held_tokens: float) -> dict[str, float]:
     """Bytes and FLOPs of one decode step of ``rows`` sequences: weights + KV read, linear + attention FLOPs."""
+    from kvbench.hardware import attention_flops
+
     cfg = bench.lm.config
     wbytes, params = linear_bytes_read(bench.lm.model, rows)
     heads = int(cfg.num_attention_heads)
     head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
-    # held_tokens sums every layer's held tokens; each KV token is scored and mixed by heads / kv_heads queries.
-    attn = 4 * head_dim * held_tokens * heads / kv_heads
+    # held_tokens sums every layer's held tokens (the same formula `kvbench advise` predicts with).
+    attn = attention_flops(head_dim, held_tokens, heads, kv_heads)
     native, _ = linear_bytes_read(bench.lm.model, 1)
     return {"weight_read_bytes": wbytes, "weight_native_read_bytes": native, "kv_read_bytes": rows * reads,
             "flops": rows * (2 * params + attn)}

@@ -62,7 +62,7 @@ def gain_interval(ratios: list[float]) -> tuple[float, float, float]:
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    from kvbench.hardware import load_profile
+    from kvbench.hardware import load_profile, profile_roofline, roofline_seconds
 
     gpu = load_profile(GPU_PROFILE)
     out = []
@@ -80,14 +80,16 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             if row["batch"]:
                 row.update({"tokens_per_s": s["tokens_per_s"].median(), "ms_per_step": s["ms_per_step"].median(),
                             "ttft_s": s["ttft_s"].median(), "peak_rss_bytes": s["peak_rss_bytes"].max()})
-                bw, flops = first["bandwidth_bytes_per_s"], first["flops_per_s"]
-                mem = (first["weight_read_bytes"] + first["kv_read_bytes"]) / bw
-                comp = first["flops"] / flops
-                row.update({"roof_tps": row["batch"] / max(mem, comp), "bound": "memory" if mem >= comp else "compute",
-                            "roof_mem_s": mem, "roof_comp_s": comp})
-                gmem = (first["weight_native_read_bytes"] + first["kv_read_bytes"]) / (gpu.device_mem_bw_gbps * 1e9)
-                gcomp = first["flops"] / gpu.peak_flops
-                row["gpu_tps"] = row["batch"] / max(gmem, gcomp)
+                # The roofline of kvbench.hardware, the one `kvbench advise` predicts with.
+                weights_kv = first["weight_read_bytes"] + first["kv_read_bytes"]
+                seconds, bound = roofline_seconds(weights_kv, first["flops"], first["bandwidth_bytes_per_s"],
+                                                  first["flops_per_s"])
+                row.update({"roof_tps": row["batch"] / seconds, "bound": bound,
+                            "roof_mem_s": weights_kv / first["bandwidth_bytes_per_s"],
+                            "roof_comp_s": first["flops"] / first["flops_per_s"]})
+                gpu_s, _ = profile_roofline(gpu, first["weight_native_read_bytes"] + first["kv_read_bytes"],
+                                            first["flops"])
+                row["gpu_tps"] = row["batch"] / gpu_s
                 if not full.empty and int(full.iloc[0]["batch"]):
                     common = s.index.intersection(full.index)
                     ratios = [s.loc[r, "tokens_per_s"] / full.loc[r, "tokens_per_s"] for r in common]

@@ -366,7 +366,25 @@ def render_markdown(lb: Leaderboard) -> str:
             if note := _note(lb, setting, note):
                 lines += [note, ""]
             lines += [*_md_table(cols), ""]
+        lines += _hardware_lines(lb, setting)
     return "\n".join(lines)
+
+
+def _hardware_lines(lb: Leaderboard, setting: str) -> list[str]:
+    """"By hardware profile": what `kvbench advise` recommends for this model at the pooled length on each shipped
+    profile, from this table (kvbench.advise.hardware_section: the command's own code)."""
+    from kvbench.advise import hardware_section
+
+    tokens = lb.pooled_scope(setting).tokens
+    if not tokens or "," in lb.meta.get("model", ""):
+        return []
+    table = hardware_section(lb.table, lb.records[lb.records["setting"] == setting], lb.tasks, setting,
+                             lb.meta["model"], tokens)
+    if not table:
+        return []
+    return [f"### By hardware profile ({lb.meta['model']}, {tokens:,} tokens, pooled evidence)", "",
+            "As many sequences as fit, weights in bf16, 0.1 of memory in reserve; speeds are roofline upper bounds "
+            "over each profile's figures (`kvbench advise`, docs/advise.md).", "", *table, ""]
 
 
 def render_csv(lb: Leaderboard) -> str:
