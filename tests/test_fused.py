@@ -71,8 +71,8 @@ def _both(monkeypatch, query, keys, values, mask, scaling=0.25):
     ref = blockattn.attend(query, keys, values, mask, scaling)
     monkeypatch.setenv("KVBENCH_FUSED", "1")
     calls = []
-    real = fused._module().attend
-    monkeypatch.setattr(fused, "_module", lambda: type("M", (), {"attend": staticmethod(
+    real = fused._kernel().attend
+    monkeypatch.setattr(fused, "_kernel", lambda: type("M", (), {"attend": staticmethod(
         lambda *a: calls.append(1) or real(*a))}))
     out = blockattn.attend(query, keys, values, mask, scaling)
     assert calls, "the fused kernel did not run"
