@@ -80,7 +80,7 @@ def dense(x: torch.Tensor) -> Fused | None:
 #: int8 and packed keys by integer dot products against a quantized query.
 READERS = {"simd": "fused-simd", "fused": "fused", "blocks": "blocks"}
 #: What ``engine.reader=auto`` (and a process that chooses nothing) reads with.
-DEFAULT_READER = "fused"
+DEFAULT_READER = "simd"
 CHOICES = ("auto", *READERS)
 #: Every kernel's flags: the build is keyed by what ``-march=native`` means on the CPU at hand (kvbench.kernels).
 FLAGS = ["-O3", "-march=native", "-fopenmp"]
@@ -113,7 +113,7 @@ def _module() -> Any | None:
 @functools.cache
 def _simd() -> Any | None:
     """The vector kernel (it includes the first one's format decoders, so both sources key its build)."""
-    return kernels.load("kvbench_fused_simd", [SIMD_SOURCE, SOURCE], FLAGS, ["-fopenmp"])
+    return kernels.load("kvbench_fused_simd", [SIMD_SOURCE], FLAGS, ["-fopenmp"], includes=[SOURCE])
 
 
 def _kernel() -> Any | None:

@@ -171,17 +171,19 @@ def _build(name: str, sources: Sequence[Path], flags: list[str], ldflags: list[s
 
 
 def load(name: str, sources: Sequence[Path], flags: list[str], ldflags: list[str],
+         includes: Sequence[Path] = (),
          builder: Callable[[str, Sequence[Path], list[str], list[str], Path], tuple[Path, Any]] = _build,
          ) -> Any | None:
-    """The compiled module ``name`` of ``sources`` (the first defines the module), built on first use into the
-    shared cache; ``None``, with one logged line, where it cannot be built or loaded. ``builder`` compiles
-    into a given directory and returns the library and the module if it imported it (torch's extension builder
-    unless a test gives another)."""
+    """The compiled module ``name`` of ``sources`` (the first defines the module; ``includes``: files they include,
+    keyed but not compiled on their own), built on first use into the shared cache; ``None``, with one logged
+    line, where it cannot be built or loaded. ``builder`` compiles into a given directory and returns the library
+    and the module if it imported it (torch's extension builder unless a test gives another)."""
     try:
         cxx = compiler()
         if cxx is None:
             raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX', 'c++')}) on PATH")
-        key = build_key(name, [Path(s).read_bytes() for s in sources], flags + ldflags, target(cxx, flags))
+        texts = [Path(s).read_bytes() for s in (*sources, *includes)]
+        key = build_key(name, texts, flags + ldflags, target(cxx, flags))
         home = cache_dir() / "kernels" / f"{name}-{key}"
         home.mkdir(parents=True, exist_ok=True)
         lib = home / f"{name}.so"
@@ -213,3 +215,24 @@ def load(name: str, sources: Sequence[Path], flags: list[str], ldflags: list[str
         first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         log.warning("kvbench: the %s kernel could not be built or loaded (%s); attention reads blocks", name, first)
         return None
+
+
+#: The instruction sets that decide which of a kernel's paths a build takes (as /proc/cpuinfo names them).
+ISA_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni",
+             "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+
+
+def cpu_description() -> str:
+    """The CPU as benchmarks name it: its model name and which of :data:`ISA_FLAGS` it has (Linux; elsewhere the
+    platform's processor string)."""
+    import platform
+
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                platform.machine())
+    flags = next((set(line.split(":", 1)[1].split()) for line in info.splitlines()
+                  if line.startswith(("flags", "Features"))), set())
+    return f"{name} ({', '.join(f for f in ISA_FLAGS if f in flags) or 'no vector extensions listed'})"
