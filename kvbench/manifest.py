@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kvbench.errors import KVBenchError
 from kvbench.paths import sha256_file
-from kvbench.results import atomic_write_text, printable, warn
+from kvbench.results import DuplicateRecordError, atomic_write_text, printable, records_duplicates, warn
 
 MANIFEST = "MANIFEST.sha256"
 #: The subdirectories whose files tables are computed from.
@@ -79,14 +79,19 @@ class Verification:
     unlisted: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     altered: list[str] = field(default_factory=list)
+    #: One line per file that holds a (config, sample, strategy) twice, whatever the manifest says.
+    duplicated: list[str] = field(default_factory=list)
     files: int = 0
 
     @property
     def ok(self) -> bool:
-        return self.has_manifest and not (self.unlisted or self.missing or self.altered)
+        return self.has_manifest and not (self.unlisted or self.missing or self.altered or self.duplicated)
 
     def problem(self) -> str:
         """One line naming every file that differs (empty when the tree matches)."""
+        if self.duplicated:  # a manifest rewritten after a duplicate was written would vouch for it
+            more = len(self.duplicated) - 1
+            return self.duplicated[0] + (f" (and {more} more file(s) holding a record twice)" if more else "")
         if not self.has_manifest:
             return (f"{self.root} has no {MANIFEST}, so nothing vouches for its files; publish it with "
                     "scripts/publish_results.sh (or `kvbench verify --write --results-dir "
@@ -101,14 +106,28 @@ class Verification:
                   "republish")
 
 
-def verify(root: str | Path) -> Verification:
-    """Compare the tree under ``root`` with its manifest."""
+def duplicates(root: Path, files: list[str]) -> list[str]:
+    """One line per results file among ``files`` (relative to ``root``) that holds a (config, sample, strategy)
+    twice: each run's records and each store file."""
+    out = []
+    for rel in files:
+        try:
+            records_duplicates(root / rel)
+        except DuplicateRecordError as exc:
+            out.append(str(exc))
+    return out
+
+
+def verify(root: str | Path, content: bool = True) -> Verification:
+    """Compare the tree under ``root`` with its manifest; with ``content``, also name every file that holds a
+    record twice (:func:`duplicates`), which a manifest written after it would not catch."""
     root = Path(root)
     listed = read_manifest(root)
-    if listed is None:
-        return Verification(root, False)
     present = tracked_files(root)
-    out = Verification(root, True, files=len(present))
+    found = duplicates(root, present) if content else []
+    if listed is None:
+        return Verification(root, False, duplicated=found)
+    out = Verification(root, True, files=len(present), duplicated=found)
     out.unlisted = [rel for rel in present if rel not in listed]
     # A stored baseline is a cache (recomputed when absent, and not committed with a published tree): only one
     # that is present must be the one listed.
@@ -120,7 +139,7 @@ def verify(root: str | Path) -> Verification:
 def check(root: str | Path, strict: bool = False) -> None:
     """For readers of a results directory (``kvbench leaderboard``): a mismatch with the manifest is one warning,
     or with ``strict`` one :class:`KVBenchError`; a directory without a manifest passes unless ``strict``."""
-    result = verify(root)
+    result = verify(root, content=False)  # the readers refuse a record stored twice themselves
     if result.ok or (not result.has_manifest and not strict):
         return
     if strict:

@@ -332,10 +332,11 @@ class RunStore:
     def load_records(self, quiet: bool = False) -> list[dict[str, Any]]:
         """All complete records, one per (config, sample, strategy).
 
-        The last written wins, except that a record whose timings were measured while another kvbench
-        worker competed for the machine (``timing_contended``) never replaces a clean one. A torn last line
-        from a killed run is ignored silently; any other unreadable line (not UTF-8, not JSON, not an
-        object) is skipped with one warning naming the file and the count.
+        A torn last line from a killed run is ignored silently; any other unreadable line (not UTF-8, not JSON,
+        not an object) is skipped with one warning naming the file and the count. A (config, sample, strategy)
+        written twice is refused (:class:`DuplicateRecordError`, one line naming the file, the record and both
+        line numbers): :meth:`append` never writes one, so the file was written by something else, and nothing
+        tells which of the two measurements is the run's.
         """
         if not self.records_path.exists():
             return []
@@ -343,36 +344,55 @@ class RunStore:
             raise KVBenchError(f"{self.records_path} is not a file (a directory or device in its place); move it "
                                "away and rerun (the run's records are read from it)")
         out: dict[tuple, dict[str, Any]] = {}
-        bad = kept_clean = 0
+        first_line: dict[tuple, int] = {}
+        dups: list[tuple[tuple, int, int]] = []
+        bad = 0
         data = self.records_path.read_bytes()
         lines = data.split(b"\n")
         torn = lines.pop()  # b"" when the file ends with a newline; else a torn write in progress or killed
         # A torn last line (a killed writer) is ignored silently; one that parses is a good record.
         tail = _parse_record(torn) if torn.strip() else None
-        for raw in lines + ([torn] if tail is not None else []):
+        for n, raw in enumerate(lines + ([torn] if tail is not None else []), 1):
             rec = _parse_record(raw)
             if rec is None:
                 bad += raw.strip() != b""
                 continue
-            key = tuple(_hashable(rec.get(k)) for k in RECORD_KEY)
-            old = out.get(key)
-            if old is not None and rec.get("timing_contended") and not old.get("timing_contended"):
-                kept_clean += 1
+            key = record_key(rec)
+            if key in out:
+                dups.append((key, first_line[key], n))
                 continue
-            out[key] = rec
+            out[key], first_line[key] = rec, n
+        if dups:
+            key, first, again = dups[0]
+            raise DuplicateRecordError(duplicate_message(self.records_path, key, first, again, len(dups)))
         if not quiet and bad:
             warn(f"skipped {bad} unreadable line(s) in {self.records_path} (not UTF-8 JSON objects); "
                  f"kept {len(out)} record(s)")
-        if not quiet and kept_clean:
-            warn(f"{self.records_path}: kept {kept_clean} clean record(s) over later ones timed under contention")
         return list(out.values())
 
-    def append(self, records: Iterable[dict[str, Any]]) -> None:
+    def _stored_keys(self, fd: int) -> set[tuple]:
+        """The keys of the records in the open records file, re-read only when it changed since the last call
+        (another worker appended, or a torn line was cut)."""
+        st = os.fstat(fd)
+        stamp = (st.st_ino, st.st_size)
+        if getattr(self, "_keys_stamp", None) != stamp:
+            keys = set()
+            for raw in os.pread(fd, st.st_size, 0).split(b"\n") if st.st_size else []:
+                rec = _parse_record(raw)
+                if rec is not None:
+                    keys.add(record_key(rec))
+            self._keys, self._keys_stamp = keys, stamp
+        return self._keys
+
+    def append(self, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         """Append a sample's records together or not at all: written and fsynced as one unit, and on any
         failure (a full disk) the file is cut back to where it was, so no torn sample is left behind. A
-        complete last record that lacks its newline is kept (sealed with one), a torn one dropped."""
+        complete last record that lacks its newline is kept (sealed with one), a torn one dropped.
+
+        A record whose (config, sample, strategy) the file already holds is refused, under the run's lock, with
+        one warning: a resume or a second worker that computed a stored sample again never writes it twice
+        (the first measurement stands; readers refuse a file that holds one twice). Returns what was written."""
         records = list(records)
-        blob = "".join(json.dumps(r, sort_keys=True, default=_json_default) + "\n" for r in records).encode()
         keys = {(r.get("config_hash"), r.get("sample_id")) for r in records}
         with self._locked():
             try:
@@ -383,11 +403,25 @@ class RunStore:
             try:
                 if _seal_tail(fd):  # a torn unit: what it left of the samples written now is stale
                     _drop_tail_records(fd, keys)
+                stored = self._stored_keys(fd)
+                fresh, refused, seen = [], [], set()
+                for r in records:
+                    key = record_key(r)
+                    (refused if key in stored or key in seen else fresh).append(r)
+                    seen.add(key)
+                if refused:
+                    r = refused[0]
+                    warn(f"{self.records_path}: not written again: {len(refused)} record(s) already stored, e.g. "
+                         f"sample {printable(r.get('sample_id'))!r}, strategy {printable(r.get('strategy'))!r} (a "
+                         "resume or another worker computed it again; the stored measurement stands)")
+                blob = "".join(json.dumps(r, sort_keys=True, default=_json_default) + "\n" for r in fresh).encode()
                 start = os.fstat(fd).st_size
                 done = 0
                 while done < len(blob):  # os.write may write less than asked (a filling disk)
                     done += os.write(fd, blob[done:])
                 os.fsync(fd)
+                st = os.fstat(fd)
+                self._keys, self._keys_stamp = stored | seen, (st.st_ino, st.st_size)
             except BaseException as exc:  # a full disk, or an interrupt between two partial writes
                 if start is not None:
                     os.ftruncate(fd, start)
@@ -398,6 +432,7 @@ class RunStore:
                 raise
             finally:
                 os.close(fd)
+        return fresh
 
     def write_outputs(self, summary: pd.DataFrame) -> None:
         with self._locked():  # the snapshot published is never older than one already published
@@ -471,6 +506,24 @@ def _hashable(value: Any) -> Any:
     return json.dumps(value, sort_keys=True, default=str) if isinstance(value, (dict, list)) else value
 
 
+def record_key(rec: dict[str, Any]) -> tuple:
+    """A record's (config, sample, strategy): what one run holds once."""
+    return tuple(_hashable(rec.get(k)) for k in RECORD_KEY)
+
+
+class DuplicateRecordError(KVBenchError):
+    """A results file holds one (config, sample, strategy) twice: refused, never resolved by picking one."""
+
+
+def duplicate_message(path: object, key: tuple, first: int, again: int, count: int, unit: str = "lines") -> str:
+    """One line: ``path`` holds ``key`` at ``first`` and ``again`` (``unit`` 1-based), ``count`` duplicates in all."""
+    cfg, sample, strategy = key
+    return (f"{printable(path)} holds sample {printable(sample)!r}, strategy {printable(strategy)!r} (config "
+            f"{printable(cfg)}) twice ({unit} {first} and {again}; {count} duplicated record(s) in all): one run "
+            "stores each (sample, strategy) once, so nothing tells which measurement is the run's; regenerate "
+            "the run (move its directory away and rerun it) rather than edit the file")
+
+
 def _json_default(obj: Any) -> Any:
     if hasattr(obj, "item"):
         return obj.item()
@@ -529,6 +582,7 @@ def read_store(results_dir: str | Path) -> pd.DataFrame:
         if problem:
             foreign.append(f"{f.name} ({problem})")
         elif not df.empty:
+            refuse_duplicates(df, f)
             # A file's own source column (a frame read back and written again) is replaced by where it was read.
             df = df.drop(columns=SOURCE_COLUMN, errors="ignore")
             frames.append(check_values(df, str(f)).assign(_store_file=f.name))
@@ -666,6 +720,33 @@ def _schema_problem(df: pd.DataFrame) -> str | None:
     return None
 
 
+def refuse_duplicates(df: pd.DataFrame, path: object) -> None:
+    """One :class:`DuplicateRecordError` when the records of one store file hold a (config, sample, strategy)
+    twice: a run's file is written from its de-duplicated records, so no kvbench writer made it."""
+    dup = df.duplicated(subset=RECORD_KEY, keep=False)
+    if not dup.any():
+        return
+    keys = df[RECORD_KEY].astype(str).agg("\x1f".join, axis=1).to_numpy()
+    at = [i for i, k in enumerate(keys) if k == keys[dup.to_numpy().argmax()]]
+    key = tuple(df.iloc[at[0]][k] for k in RECORD_KEY)
+    n = int(df.duplicated(subset=RECORD_KEY).sum())
+    raise DuplicateRecordError(duplicate_message(path, key, at[0] + 1, at[1] + 1, n, "rows"))
+
+
+def records_duplicates(path: Path) -> None:
+    """:class:`DuplicateRecordError` when the results file ``path`` (a run's ``records.jsonl`` or a store's
+    parquet file) holds a (config, sample, strategy) twice; other files, and unreadable ones (their readers say
+    so), pass."""
+    if path.name == "records.jsonl" and path.parent.parent.name == "runs":
+        RunStore(path.parent.parent.parent, path.parent.name).load_records(quiet=True)
+    elif path.suffix == ".parquet" and path.parent.name == "store":
+        try:
+            df = pd.read_parquet(path, columns=RECORD_KEY)
+        except Exception:  # unreadable or without the key: read_store names it
+            return
+        refuse_duplicates(df, path)
+
+
 def _refuse_conflicts(df: pd.DataFrame, columns: dict[str, set[str]], store: Path) -> None:
     """One :class:`KVBenchError` naming the files when two records of one key disagree on a measurement."""
     dup = df[df.duplicated(subset=RECORD_KEY, keep=False)]
@@ -734,6 +815,8 @@ def read_unpublished(results_dir: str | Path) -> pd.DataFrame:
         run_id = path.parent.name
         try:
             records = RunStore(root, run_id).load_records(quiet=True)
+        except DuplicateRecordError:
+            raise  # a file holding a record twice is refused, never skipped: it could be what ranks first
         except (OSError, ValueError, KVBenchError) as exc:
             warn(f"skipped {path} ({exc})")
             continue
@@ -761,19 +844,35 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=1)
+def _pid_scope() -> str:
+    """Where this process's pid means something: the kernel's boot and the pid namespace. Containers (and
+    sandboxes) on one machine often share a host name but not their pids: a pid checked outside its namespace
+    looks dead, which let a second worker take over a live worker's claim and store its sample twice."""
+    parts = []
+    for read in (lambda: Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+                 lambda: os.readlink("/proc/self/ns/pid")):
+        try:
+            parts.append(read())
+        except OSError:
+            parts.append("")
+    return "/".join(parts)
+
+
 def _owner() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "pid_scope": _pid_scope(), "started": time.time()}
 
 
 def _owner_alive(path: Path) -> bool | None:
-    """True/False for a claim or worker file of a live/dead process on this host; None when unreadable or missing.
-    A file written by another host counts as alive (its process cannot be checked from here)."""
+    """True/False for a claim or worker file of a live/dead process this process can check; None when unreadable
+    or missing. A file written by another host, or in another pid namespace of this one, counts as alive (its
+    process cannot be checked from here)."""
     try:
         owner = json.loads(path.read_text())
         host, pid = owner["host"], int(owner["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if host != socket.gethostname():
+    if host != socket.gethostname() or owner.get("pid_scope", _pid_scope()) != _pid_scope():
         return True
     return _pid_alive(pid)
 
