@@ -170,7 +170,7 @@ def _build(name: str, sources: Sequence[Path], flags: list[str], ldflags: list[s
     return work / f"{name}.so", module
 
 
-def load(name: str, sources: Sequence[Path], flags: list[str], ldflags: list[str],
+def load(name: str, sources: Sequence[Path], flags: list[str], ldflags: list[str], *,
          includes: Sequence[Path] = (),
          builder: Callable[[str, Sequence[Path], list[str], list[str], Path], tuple[Path, Any]] = _build,
          ) -> Any | None:

@@ -65,8 +65,8 @@ def test_wheel_and_checkout_share_one_build(tmp_path, cache):
     b, name = Builder(), _name(tmp_path)
     wheel = _source(tmp_path / "site-packages" / "kvbench")
     checkout = _source(tmp_path / "checkout" / "kvbench")
-    assert kernels.load(name, [wheel], ["-O2"], [], b) is not None
-    assert kernels.load(name, [checkout], ["-O2"], [], b) is not None
+    assert kernels.load(name, [wheel], ["-O2"], [], builder=b) is not None
+    assert kernels.load(name, [checkout], ["-O2"], [], builder=b) is not None
     assert b.calls == 1
     assert len(list(cache.iterdir())) == 1
     # The real kernels' keys too: their bytes, not their paths.
@@ -80,13 +80,13 @@ def test_other_source_flags_or_cpu_is_another_build(tmp_path, cache, monkeypatch
     b, name = Builder(), _name(tmp_path)
     src = _source(tmp_path / "a")
     monkeypatch.setattr(kernels, "target", lambda cxx, flags: "-march=znver3 -mavx2 -mno-avx512f")
-    kernels.load(name, [src], ["-O2"], [], b)
+    kernels.load(name, [src], ["-O2"], [], builder=b)
     homes = set(cache.iterdir())
     monkeypatch.setattr(kernels, "target", lambda cxx, flags: "-march=sapphirerapids -mavx2 -mavx512f")
-    kernels.load(name, [src], ["-O2"], [], b)  # another CPU sharing the cache: its own build
-    kernels.load(name, [src], ["-O3"], [], b)  # other flags
+    kernels.load(name, [src], ["-O2"], [], builder=b)  # another CPU sharing the cache: its own build
+    kernels.load(name, [src], ["-O3"], [], builder=b)  # other flags
     _source(tmp_path / "a", "// kernel v2\n")
-    kernels.load(name, [src], ["-O3"], [], b)  # another source
+    kernels.load(name, [src], ["-O3"], [], builder=b)  # another source
     assert b.calls == 4 and len(set(cache.iterdir()) - homes) == 3
 
 
@@ -128,7 +128,7 @@ def test_stale_lock_is_taken_over(tmp_path, cache, monkeypatch, caplog, owner):
     (home / "build-999999").mkdir()  # a killed build's leftovers
     caplog.set_level(logging.WARNING, logger="kvbench.kernels")
     t0 = time.monotonic()
-    assert kernels.load(name, [src], [], [], b) is not None
+    assert kernels.load(name, [src], [], [], builder=b) is not None
     assert time.monotonic() - t0 < 30 and b.calls == 1
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "taking over the kernel build lock" in lines[0], lines
@@ -149,7 +149,7 @@ def test_damaged_library_is_rebuilt_not_loaded(tmp_path, cache, damage):
     recorded hash) is rebuilt before anything maps it: a run never dies of SIGBUS on it."""
     b, name = Builder(), _name(tmp_path)
     src = _source(tmp_path / "a")
-    assert kernels.load(name, [src], [], [], b) is not None
+    assert kernels.load(name, [src], [], [], builder=b) is not None
     (lib,) = cache.glob(f"*/{name}.so")
     data = lib.read_bytes()
     lib.unlink()  # a new file: this process has the built one mapped, and truncating it in place would kill it
@@ -165,7 +165,7 @@ def test_damaged_library_is_rebuilt_not_loaded(tmp_path, cache, damage):
     here, root = str(Path(__file__).parent), str(Path(__file__).parents[1])
     code = (f"import sys; sys.path[:0] = [{here!r}, {root!r}]; import test_kernels as t; "
             "from kvbench import kernels; from pathlib import Path; b = t.Builder(); "
-            f"m = kernels.load({name!r}, [Path({str(src)!r})], [], [], b); print(b.calls, m is not None)")
+            f"m = kernels.load({name!r}, [Path({str(src)!r})], [], [], builder=b); print(b.calls, m is not None)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "KVBENCH_CACHE": str(cache.parent)})
     assert out.returncode == 0, out.stderr
