@@ -51,6 +51,7 @@ class EngineConfig:
     working_copy: bool = True     # quantized stores keep a dequantized copy of their prefix (reported as scratch_bytes)
     attention: str = "auto"       # auto | sdpa | kvbench: attention for decode/short queries (kvbench/attention.py)
     linear: str = "auto"          # auto | native | float32: 16-bit linears as float32 GEMMs on CPU (kvbench/linear.py)
+    reader: str = "auto"          # auto | simd | fused | blocks: what reads a stored cache (kvbench/fused.py READERS)
     warmup: bool = True           # one short forward before timing anything
     reuse_baseline: bool = True   # reuse stored `full` results keyed by everything that determines them
     progress: bool = True
@@ -687,12 +688,15 @@ def validate_cfg(cfg: Any) -> list[Any]:
     Returns the strategies the job runs (:func:`resolve_strategies`), built once: a job that
     :func:`check_overrides` already checked in this process gets the ones built then."""
     from kvbench.attention import CHOICES as ATTENTION
+    from kvbench.fused import CHOICES as READER
     from kvbench.linear import CHOICES as LINEAR
 
     if cfg.engine.attention not in ATTENTION:
         raise KVBenchError(f"unknown engine.attention {cfg.engine.attention!r}; valid: {', '.join(ATTENTION)}")
     if cfg.engine.get("linear", "auto") not in LINEAR:
         raise KVBenchError(f"unknown engine.linear {cfg.engine.linear!r}; valid: {', '.join(LINEAR)}")
+    if cfg.engine.get("reader", "auto") not in READER:
+        raise KVBenchError(f"unknown engine.reader {cfg.engine.reader!r}; valid: {', '.join(READER)}")
     if cfg.engine.prefill not in ("shared", "chunked"):
         raise KVBenchError(f"unknown engine.prefill {cfg.engine.prefill!r}; valid: shared, chunked")
     if cfg.engine.prefill == "chunked" and int(cfg.engine.chunk_tokens) < 1:

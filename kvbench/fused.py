@@ -8,16 +8,18 @@ and other short queries run whenever every part can describe itself to it (:clas
 than :data:`MAX_ROWS` query rows per KV head, a softcap, a part with no description) goes through
 ``blockattn``'s blocks, which stay the reference the tests compare it with.
 
-The kernel is compiled once per machine by ``torch.utils.cpp_extension`` (a C++ compiler is needed; the build
-lands under ``$KVBENCH_CACHE/kernels``). Without a compiler, or with ``KVBENCH_FUSED=0``, every query goes
-through the blocks: same results within float rounding, slower. :func:`reader` names which one a run used, and
-the decode and throughput benchmarks record it.
+Two kernels read (:data:`READERS`, chosen by ``engine.reader``): ``fused`` (``fused_attend.cpp``, the first,
+kept unchanged so its runs reproduce) and ``simd`` (``fused_simd.cpp``, blocks of tokens in vector registers and
+integer dot products for int8 keys and values; opt-in). Each is compiled on first use by
+``torch.utils.cpp_extension`` into a build keyed by its source, flags and this CPU's instruction sets
+(:mod:`kvbench.kernels`). Without a compiler, with ``engine.reader=blocks`` or with ``KVBENCH_FUSED=0``, every
+query goes through the blocks: same results within float rounding, slower. :func:`reader` names which one a run
+used (its run identity carries it), and the decode and throughput benchmarks record it.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +27,7 @@ from typing import Any
 
 import torch
 
-from kvbench.paths import cache_dir
-
-log = logging.getLogger(__name__)
+from kvbench import kernels
 
 #: Query rows per KV head (query heads per KV head x query tokens) up to which the kernel runs. Beyond it the
 #: products are matrix products, which blockattn's blocks hand to BLAS at a far higher FLOP rate.
@@ -73,25 +73,55 @@ def dense(x: torch.Tensor) -> Fused | None:
     return Fused(x, bits)
 
 
+#: The readers a run chooses from (``engine.reader``), each with the name its runs carry (the determinant
+#: ``attention_reader``; the blocks' runs carry none, as before any kernel existed). ``fused`` is the first kernel
+#: (``fused_attend.cpp``: one row decoded into scratch, a scalar score and exponential per token), kept unchanged
+#: so the runs made with it reproduce; ``simd`` (``fused_simd.cpp``) scores blocks of tokens in vector registers,
+#: int8 and packed keys by integer dot products against a quantized query.
+READERS = {"simd": "fused-simd", "fused": "fused", "blocks": "blocks"}
+#: What ``engine.reader=auto`` (and a process that chooses nothing) reads with: the first kernel, until the vector one
+#: meets issue 50's targets (docs/throughput.md), so runs in progress keep their identity.
+DEFAULT_READER = "fused"
+CHOICES = ("auto", *READERS)
+#: Every kernel's flags: the build is keyed by what ``-march=native`` means on the CPU at hand (kvbench.kernels).
+FLAGS = ["-O3", "-march=native", "-fopenmp"]
+SOURCE = Path(__file__).with_name("fused_attend.cpp")
+SIMD_SOURCE = Path(__file__).with_name("fused_simd.cpp")
+
+_chosen = DEFAULT_READER
+
+
+def choose(reader: str) -> str:
+    """Read with ``reader`` (:data:`CHOICES`) in this process from now on; returns the resolved choice."""
+    if reader not in CHOICES:
+        raise ValueError(f"unknown engine.reader {reader!r}; valid: {', '.join(CHOICES)}")
+    global _chosen
+    _chosen = DEFAULT_READER if reader == "auto" else reader
+    return _chosen
+
+
 def enabled() -> bool:
     return os.environ.get("KVBENCH_FUSED", "1") != "0"
 
 
 @functools.cache
 def _module() -> Any | None:
-    """The compiled kernel, built on first use; ``None`` (logged once) where it cannot be built."""
-    try:
-        from torch.utils.cpp_extension import load
+    """The first kernel (also the native quantizers), built on first use; ``None`` (logged once) where it cannot
+    be built or loaded."""
+    return kernels.load("kvbench_fused_attend", [SOURCE], FLAGS, ["-fopenmp"])
 
-        build = cache_dir() / "kernels" / f"torch-{torch.__version__}"
-        build.mkdir(parents=True, exist_ok=True)
-        source = Path(__file__).with_name("fused_attend.cpp")
-        return load(name="kvbench_fused_attend", sources=[str(source)], build_directory=str(build),
-                    extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
-    except Exception as exc:  # no compiler, no headers: the blocks serve every query, slower
-        log.warning("kvbench: the fused attention kernel could not be built (%s); attention reads blocks",
-                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+@functools.cache
+def _simd() -> Any | None:
+    """The vector kernel (it includes the first one's format decoders, so both sources key its build)."""
+    return kernels.load("kvbench_fused_simd", [SIMD_SOURCE], FLAGS, ["-fopenmp"], includes=[SOURCE])
+
+
+def _kernel() -> Any | None:
+    """The module whose ``attend`` reads attention for the chosen reader, or ``None`` (blocks)."""
+    if not enabled() or _chosen == "blocks":
         return None
+    return _simd() if _chosen == "simd" else _module()
 
 
 def native() -> Any | None:
@@ -101,13 +131,13 @@ def native() -> Any | None:
 
 
 def available() -> bool:
-    """Whether the kernel is built (building it now if needed) and enabled."""
-    return enabled() and _module() is not None
+    """Whether the chosen reader's kernel is built (building it now if needed) and enabled."""
+    return _kernel() is not None
 
 
 def reader() -> str:
-    """What reads a compressed cache in this process: ``"fused"`` or ``"blocks"``."""
-    return "fused" if available() else "blocks"
+    """What reads a compressed cache in this process: ``"fused-simd"``, ``"fused"`` or ``"blocks"``."""
+    return READERS[_chosen] if available() else "blocks"
 
 
 def attend(qg: torch.Tensor, keys: list[Fused], values: list[Fused], mask: torch.Tensor | None,
@@ -118,10 +148,10 @@ def attend(qg: torch.Tensor, keys: list[Fused], values: list[Fused], mask: torch
     ``mask``: ``None``, or boolean / additive, viewable as ``[b or 1, kv_heads or 1, g or 1, q_len, tokens]``
     (``blockattn.grouped_mask``'s layout).
     """
-    if not (qg.is_cpu and qg.dtype == torch.float32 and qg.shape[-2] <= MAX_ROWS and enabled()
+    if not (qg.is_cpu and qg.dtype == torch.float32 and qg.shape[-2] <= MAX_ROWS
             and qg.shape[-1] <= 512 and qg.shape[-1] % 4 == 0):  # head_dim: the kernel's row scratch
         return None
-    mod = _module()
+    mod = _kernel()
     if mod is None:
         return None
     kt, ki, vt, vi = [], [], [], []

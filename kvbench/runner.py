@@ -253,10 +253,12 @@ def run_identity(cfg: DictConfig, lm: Any, strategies: list[Strategy], profile: 
         determinants["linear"] = linear_choice
     from kvbench import attention, fused
 
+    fused.choose(str(cfg.engine.get("reader", "auto")))  # for the whole process: the run reads with it
     if attention.resolve(str(cfg.engine.get("attention", "auto")), device) == attention.NAME and fused.available():
-        # The fused reader sums attention in another order than PyTorch's blocks and SDPA (what runs made before
-        # it, and runs without a compiler, used): records differ at float rounding, so they are another run.
-        determinants["attention_reader"] = "fused"
+        # A fused reader sums attention in another order than PyTorch's blocks and SDPA (what runs made before
+        # it, and runs without a compiler, used), and the simd one scores integer keys against a quantized query:
+        # records differ at float rounding or more, so each reader's runs are another run.
+        determinants["attention_reader"] = fused.reader()
     config_hash = identity.config_hash(determinants, strategies)
     dataset = dataset_name(cfg.task)
     # Slugs + hash: no config value can steer a path; the real names stay in the records.

@@ -1,11 +1,12 @@
 """What bounds the fused reader on this machine: time per decode step of one layer, per storage format, in one run.
 
-    PYTHONPATH=. python scripts/bench_reader.py [--tokens 4096,8192] [--threads 2] [--out results/perf]
+    PYTHONPATH=. python scripts/bench_reader.py [--reader simd] [--tokens 4096,8192] [--threads 2] [--out results/perf]
 
 One layer of SmolLM2-135M's geometry (3 KV heads of 64 channels, 9 query heads, one query token) over a cache of
 random keys and values stored as each format holds it (dense bfloat16 as ``full`` does, int8 / KIVI int4 and int2 /
 FP8 / 8-bit BFP as their strategies' quantizers give, in 1,024-token pieces as the stores' chunk lists hold them),
-read by the fused kernel (``kvbench.fused``). Per format: the median time of a layer's step (after a warm-up; the
+read by the chosen kernel (``kvbench.fused``: ``--reader simd``, the default, or ``fused``, the first).
+Per format: the median time of a layer's step (after a warm-up; the
 minimum beside it), the bytes the step reads (codes, scales, zero points), the bytes per second that makes against
 the copy bandwidth measured at the start, and the time per token and KV head. A reader bound by memory would take
 time in proportion to the bytes; one bound by its instructions (decoding a row and its products) takes about the
@@ -29,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from kvbench.strategies.base import held_bytes  # noqa: E402
 
-from kvbench import blockattn, fused  # noqa: E402
+from kvbench import blockattn, fused, kernels  # noqa: E402
 from kvbench.hardware_probe import measure_copy_bandwidth  # noqa: E402
 from kvbench.quantizers import (  # noqa: E402
     fp8_scale,
@@ -85,13 +86,16 @@ def run(tokens: int, bandwidth: float, repeats: int) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reader", default=fused.DEFAULT_READER, choices=[r for r in fused.READERS if r != "blocks"])
     ap.add_argument("--tokens", default="4096,8192")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--out", default=str(ROOT / "results" / "perf"))
     args = ap.parse_args()
+    fused.choose(args.reader)
     if not fused.available():
         raise SystemExit("the fused kernel could not be built here (a C++ compiler and ninja are needed)")
+    isa = fused._kernel().isa() if args.reader == "simd" else "compiler's choice (-march=native)"
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
     bandwidth = measure_copy_bandwidth(256 * 2**20, repeats=5) * 1e9  # GB/s -> bytes/s
@@ -100,7 +104,9 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "reader.csv", index=False)
-    lines = ["# The fused reader per storage format (measured by `scripts/bench_reader.py`)", "",
+    lines = [f"# The `{fused.reader()}` reader per storage format (measured by `scripts/bench_reader.py "
+             f"--reader {args.reader}`)", "",
+             f"CPU: {kernels.cpu_description()}; the kernel's integer path built for: {isa}. "
              f"One attention layer of SmolLM2-135M's geometry ({KV_HEADS} KV heads x {HEAD_DIM} channels, {GROUP} "
              f"query heads per KV head, one query token), CPU, {args.threads} torch threads, {args.repeats} timed "
              f"steps per row after a warm-up, rows one after another in one run. Copy bandwidth measured at the "

@@ -259,3 +259,13 @@ def test_help_names_kvbench_its_tools_and_only_working_groups(capsys):
     for group in ("strategy", "task", "model", "hardware"):
         assert f"\n  {group}" in out
     assert "sweep:" not in out and "  sweep  " not in out.split("Tools:")[0]
+
+
+def test_engine_reader_is_validated_against_the_readers():
+    """``engine.reader`` takes kvbench.fused's choices (one list), anything else one line naming them."""
+    from kvbench import fused
+
+    for choice in fused.CHOICES:
+        validate_cfg(compose_config([f"engine.reader={choice}"]))
+    with pytest.raises(KVBenchError, match="unknown engine.reader 'fastest'; valid: auto, simd, fused, blocks"):
+        validate_cfg(compose_config(["engine.reader=fastest"]))

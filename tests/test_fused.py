@@ -27,6 +27,18 @@ from kvbench.quantizers import (
 
 pytestmark = pytest.mark.skipif(not fused.available(), reason="the fused kernel could not be built here")
 
+READERS = [r for r in fused.READERS if r != "blocks"]
+
+
+@pytest.fixture(params=READERS)
+def reader(request):
+    """Each kernel in turn (the first, kept for its runs, and the vector one), then the default again."""
+    fused.choose(request.param)
+    if not fused.available():
+        pytest.skip(f"the {request.param} kernel could not be built here")
+    yield request.param
+    fused.choose("auto")
+
 D = 16
 
 
@@ -71,8 +83,8 @@ def _both(monkeypatch, query, keys, values, mask, scaling=0.25):
     ref = blockattn.attend(query, keys, values, mask, scaling)
     monkeypatch.setenv("KVBENCH_FUSED", "1")
     calls = []
-    real = fused._module().attend
-    monkeypatch.setattr(fused, "_module", lambda: type("M", (), {"attend": staticmethod(
+    real = fused._kernel().attend
+    monkeypatch.setattr(fused, "_kernel", lambda: type("M", (), {"attend": staticmethod(
         lambda *a: calls.append(1) or real(*a))}))
     out = blockattn.attend(query, keys, values, mask, scaling)
     assert calls, "the fused kernel did not run"
@@ -93,7 +105,7 @@ def _mask(kind: str, b: int, hq: int, q: int, n: int, g: torch.Generator) -> tor
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("mask", ["none", "bool", "additive"])
 @pytest.mark.parametrize("q_len", [1, 3])
-def test_fused_equals_blocks(monkeypatch, fmt, mask, q_len):
+def test_fused_equals_blocks(monkeypatch, reader, fmt, mask, q_len):
     monkeypatch.setattr(fused, "CHUNK_TOKENS", 7)  # chunks straddle pieces; the last chunk is short
     g = torch.Generator().manual_seed(hash((fmt, mask, q_len)) % 2**31)
     b, hkv, group = 2, 2, 3
@@ -111,9 +123,11 @@ def test_fused_equals_blocks(monkeypatch, fmt, mask, q_len):
 
 @settings(max_examples=25, deadline=None)
 @given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=5), chunk=st.integers(1, 64),
-       group=st.sampled_from([1, 2, 4]), seed=st.integers(0, 2**16))
-def test_fused_int8_any_pieces_and_chunks(lengths, chunk, group, seed):
-    """int8 (the headline format) over any cut into pieces and any chunk size equals the blocks."""
+       group=st.sampled_from([1, 2, 4]), seed=st.integers(0, 2**16), which=st.sampled_from(READERS))
+def test_fused_int8_any_pieces_and_chunks(lengths, chunk, group, seed, which):
+    """int8 (the headline format) over any cut into pieces and any chunk size equals the blocks (at D = 16 the
+    vector reader decodes int8 rows to floats: its integer path needs 32 channels)."""
+    fused.choose(which)
     g = torch.Generator().manual_seed(seed)
     n = sum(lengths)
     k, v = (torch.randn(1, 2, n, D, generator=g) * 3 for _ in range(2))
@@ -131,6 +145,7 @@ def test_fused_int8_any_pieces_and_chunks(lengths, chunk, group, seed):
         out = fused.attend(qg, runs[0].fused(), runs[1].fused(), None, 1, 0.3)
     finally:
         fused.CHUNK_TOKENS = old
+        fused.choose("auto")
     assert out is not None
     # The reference: dequantize, then one softmax over all tokens.
     kd = torch.cat([p.dequantize(torch.float32) for p in runs[0].parts], -2)
@@ -226,7 +241,7 @@ def test_native_fp8_encoder_is_bit_identical(tokens, fmt, mode, spread, seed):
 
 @pytest.mark.parametrize("head_dim", [64, 128, 96])
 @pytest.mark.parametrize("fmt", ["int4-token", "int4-channel", "int2-token", "int2-channel", "bfp4", "bfp2"])
-def test_packed_codes_at_real_head_widths(fmt, head_dim):
+def test_packed_codes_at_real_head_widths(reader, fmt, head_dim):
     """Packed rows wide enough for the vector unpacking (16 bytes at a time) and a tail after it (96)."""
     g = torch.Generator().manual_seed(head_dim)
     enc = {"int4-token": lambda x: quantize_asymmetric(x, 4, 32, "token"),
@@ -243,3 +258,73 @@ def test_packed_codes_at_real_head_widths(fmt, head_dim):
     vd = torch.cat([p.dequantize(torch.float32) for p in runs[1].parts], -2)
     ref = torch.softmax(qg @ kd.transpose(-1, -2) * 0.1, -1) @ vd
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def _int8_bound(qg: torch.Tensor, kd: torch.Tensor, vd: torch.Tensor, scaling: float) -> torch.Tensor:
+    """The vector reader's integer path's error bound per output row: the query rounded to int8 per row moves
+    a score by at most scaling * max|q| / 254 * sum|k| (delta), which moves the softmax's output by at most
+    (exp(2 delta) - 1) * max|v|; the weights rounded to 15 bits per block of 8 tokens move it by at most
+    tokens * max|v| / 65534."""
+    qmax = qg.abs().amax(-1, keepdim=True)  # [b, h, rows, 1]
+    delta = scaling * qmax / 254 * kd.abs().sum(-1).amax(-1)[..., None, None]
+    vmax = vd.abs().amax((-1, -2))[..., None, None]
+    return (torch.exp(2 * delta) - 1) * vmax + kd.shape[-2] * vmax / 65534
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("mask", ["none", "additive"])
+@pytest.mark.parametrize("lengths,chunk", [([256, 256], 256), ([100, 37, 200, 3], 64), ([5], 256)])
+def test_simd_int8_integer_path_error_is_bounded(head_dim, mask, lengths, chunk):
+    """int8 keys scored by integer dot products against an int8 query, int8 values summed against 15-bit
+    weights: within the bound above of float attention over the dequantized cache, and far inside it in
+    practice (measured here: the error relative to max|v|)."""
+    fused.choose("simd")
+    if not fused.available():
+        pytest.skip("the simd kernel could not be built here")
+    g = torch.Generator().manual_seed(head_dim + len(lengths))
+    n, hkv, group = sum(lengths), 2, 4
+    k, v = (torch.randn(2, hkv, n, head_dim, generator=g) for _ in range(2))
+    runs = []
+    for x in (k, v):
+        parts, at = [], 0
+        for m in lengths:
+            parts.append(quantize_int8(x[..., at:at + m, :], head_dim, "token"))
+            at += m
+        runs.append(blockattn.TokenRun(parts, hkv))
+    qg = torch.randn(2, hkv, group, head_dim, generator=g)  # logits of unit spread, as a trained model's
+    m = None
+    if mask == "additive":
+        visible = torch.rand(2, hkv, group, 1, n, generator=g) > 0.3
+        visible[..., -1] = True
+        m = torch.where(visible, torch.randn(visible.shape, generator=g) * 0.1, float("-inf"))
+    scaling = head_dim ** -0.5
+    old = fused.CHUNK_TOKENS
+    fused.CHUNK_TOKENS = chunk
+    try:
+        out = fused.attend(qg, runs[0].fused(), runs[1].fused(), m, 1, scaling)
+    finally:
+        fused.CHUNK_TOKENS = old
+        fused.choose("auto")
+    assert out is not None
+    kd = torch.cat([p.dequantize(torch.float32) for p in runs[0].parts], -2)
+    vd = torch.cat([p.dequantize(torch.float32) for p in runs[1].parts], -2)
+    logits = qg @ kd.transpose(-1, -2) * scaling
+    if m is not None:
+        logits = logits + m.reshape(2, hkv, group, n)
+    ref = torch.softmax(logits, -1) @ vd
+    err = (out - ref).abs().amax(-1, keepdim=True)
+    assert (err <= _int8_bound(qg, kd, vd, scaling)).all()
+    assert err.max() / vd.abs().max() < 5e-3  # measured: up to 0.4% of max|v| (5 tokens)
+    assert not torch.equal(out, ref)  # the integer path ran (float attention would agree to rounding only)
+
+
+def test_reader_choice_is_validated_and_named():
+    with pytest.raises(ValueError, match="valid: auto, simd, fused, blocks"):
+        fused.choose("fastest")
+    try:
+        assert fused.choose("blocks") == "blocks" and fused.reader() == "blocks"
+        assert fused.attend(torch.zeros(1, 1, 1, D), [], [], None, 1, 1.0) is None
+        assert fused.choose("auto") == fused.DEFAULT_READER
+        assert fused.reader() == fused.READERS[fused.DEFAULT_READER]
+    finally:
+        fused.choose("auto")
