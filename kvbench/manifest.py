@@ -25,7 +25,14 @@ from pathlib import Path
 
 from kvbench.errors import KVBenchError
 from kvbench.paths import sha256_file
-from kvbench.results import DuplicateRecordError, atomic_write_text, printable, records_duplicates, warn
+from kvbench.results import (
+    DuplicateRecordError,
+    atomic_write_text,
+    printable,
+    records_duplicates,
+    safe_message,
+    warn,
+)
 from kvbench.results.tree import results_files
 
 MANIFEST = "MANIFEST.sha256"
@@ -282,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         if not result.ok:
             raise KVBenchError(result.problem())
     except KVBenchError as exc:
-        print(f"kvbench verify: error: {exc}", file=sys.stderr)
+        print(f"kvbench verify: error: {safe_message(exc)}", file=sys.stderr)
         return 2
     print(f"{root}: {result.files} file(s) match {MANIFEST}")
     return 0

@@ -25,6 +25,7 @@ from kvbench.results.files import (
     clean_stale_tmp,
     printable,
     quiet_warnings,
+    safe_message,
     slug,
     stable_hash,
     warn,
@@ -56,6 +57,6 @@ __all__ = [
     "ActiveWorker", "DuplicateRecordError", "RunStore", "SampleClaims", "TreeError", "UnwritableError",
     "apply_umask", "atomic_write", "atomic_write_parquet", "atomic_write_text", "check_values", "clean_stale_tmp",
     "disagreement", "environment", "flatten_for_store", "local_seal", "printable", "quiet_warnings", "read_store",
-    "read_unpublished", "record_key", "records_duplicates", "refuse_duplicates", "results_files", "seal_matches",
-    "slug", "stable_hash", "warn", "write_bytes",
+    "read_unpublished", "record_key", "records_duplicates", "refuse_duplicates", "results_files", "safe_message",
+    "seal_matches", "slug", "stable_hash", "warn", "write_bytes",
 ]

@@ -52,6 +52,15 @@ def printable(text: object) -> str:
     return _CONTROL.sub("", str(text))
 
 
+_CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def safe_message(text: object) -> str:
+    """An error message as printed: its lines kept, every other control character (ESC, BEL) removed, so a
+    message quoting an override or a file name can never drive the terminal."""
+    return _CONTROL_BUT_NEWLINE.sub("", str(text))
+
+
 _QUIET = [0]
 
 

@@ -7,26 +7,58 @@ cannot. The key is ``cache_dir()/seal.key``.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
+from pathlib import Path
 
-from kvbench.results.files import TMP_SUFFIX
+from kvbench.results.files import TMP_SUFFIX, warn
 
 SEAL_KEY = "seal.key"
 
 
+_NOTED: set[str] = set()
+
+
+def _read_key(path: Path) -> bytes | None:
+    """The bytes of ``path`` if it is a regular file (None when it does not exist). Opened without blocking and
+    checked before reading: a FIFO in its place would hang every run on its first read, a device feed it
+    anything. Anything but a regular file is one warning (once) and no key."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _NotAKey(f"cannot be opened ({exc.strerror or type(exc).__name__})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _NotAKey("is not a regular file (a FIFO, device or directory in its place)")
+        return os.read(fd, 64)
+    finally:
+        os.close(fd)
+
+
+class _NotAKey(Exception):
+    pass
+
+
 def _seal_key() -> bytes | None:
     """This machine's secret for :func:`local_seal`: 32 random bytes in ``cache_dir()/seal.key`` (mode 0600),
-    made on first use; None when the cache cannot hold it (nothing is then trusted from a cache file)."""
+    made on first use; None when the cache cannot hold it, or something else than a regular file is in its place
+    (said once): nothing is then trusted from a cache file, and every cache is recomputed."""
     from kvbench.paths import cache_dir
 
     path = cache_dir() / SEAL_KEY
     for _ in range(2):
         try:
-            key = path.read_bytes()
-            if len(key) == 32:
-                return key
-        except OSError:
-            pass
+            key = _read_key(path)
+        except _NotAKey as exc:
+            if str(path) not in _NOTED:
+                _NOTED.add(str(path))
+                warn(f"{path} {exc}: no cache file is trusted (stored baselines and digests are recomputed) until "
+                     "it is removed")
+            return None
+        if key is not None and len(key) == 32:
+            return key
         try:  # written aside and linked in: a concurrent first use reads one whole key, never half of one
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{SEAL_KEY}.", suffix=TMP_SUFFIX)

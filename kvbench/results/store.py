@@ -36,9 +36,11 @@ from kvbench.results.files import (
     atomic_write_text,
     clean_stale_tmp,
     printable,
+    quiet_warnings,
     slug,
     warn,
 )
+from kvbench.results.schema import check_values
 
 RECORD_KEY = ["config_hash", "sample_id", "strategy"]
 
@@ -113,7 +115,9 @@ class RunStore:
             os.close(fd)
 
     def load_records(self, quiet: bool = False) -> list[dict[str, Any]]:
-        """All complete records, one per (config, sample, strategy).
+        """All complete records, one per (config, sample, strategy), their values checked by the one rule every
+        reader applies (:func:`kvbench.results.schema.check_values`: a NaN score, a negative byte count, a list
+        where an object belongs is one :class:`KVBenchError` line naming the file, field and record).
 
         A torn last line from a killed run is ignored silently; any other unreadable line (not UTF-8, not JSON,
         not an object) is skipped with one warning naming the file and the count. A (config, sample, strategy)
@@ -154,7 +158,11 @@ class RunStore:
         if not quiet and bad:
             warn(f"skipped {bad} unreadable line(s) in {self.records_path} (not UTF-8 JSON objects); "
                  f"kept {len(out)} record(s)")
-        return list(out.values())
+        records = list(out.values())
+        if records:  # the leaderboard's rule, before a resumed run uses or publishes them (one line, not a traceback)
+            with quiet_warnings():  # names with control characters are cleaned, and said, where they are shown
+                check_values(flatten_for_store(pd.DataFrame(records)), str(self.records_path))
+        return records
 
     def _stored_keys(self, fd: int) -> set[tuple]:
         """The keys of the records in the open records file, re-read only when it changed since the last call
