@@ -35,6 +35,7 @@ from kvbench.errors import KVBenchError
 SUBCOMMANDS = {
     "calc": "kvbench.calc_cli",
     "calibrate": "kvbench.calibrate",
+    "design": "kvbench.design_cli",
     "hardware": "kvbench.hardware_probe",
     "leaderboard": "kvbench.leaderboard",
     "lmeval": "kvbench.lmeval",
@@ -46,6 +47,7 @@ SUBCOMMANDS = {
 SUBCOMMAND_HELP = {
     "calibrate": "tune a needle task on your corpus until the full baseline reaches a target accuracy",
     "calc": "KV-cache size and time for any model/context/hardware, from the formulas (`kvbench calc claim`)",
+    "design": "register the confirmatory study for your model and hardware (writes the design, plans n)",
     "hardware": "measure this machine into a hardware profile (`kvbench hardware probe`)",
     "leaderboard": "tables, claim check and plots from the result store",
     "lmeval": "lm-evaluation-harness with a compressed cache",

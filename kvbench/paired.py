@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from kvbench import fmt, sequential, stats
+from kvbench import fmt, scoretest, sequential, stats
 from kvbench.spec import binary_metric
 from kvbench.stats import CI_LEVEL, POWER
 
@@ -36,6 +36,9 @@ ALPHA = (1 - CI_LEVEL) / 2
 HOLDS, FAILS, UNDETERMINED = "holds", "fails", "undetermined at this n"
 #: How an undetermined verdict reads once a sequential design has taken its last look (``NonInferiority.verdict_text``).
 PLANNED_N = "undetermined at the planned n"
+#: A hypothesis whose statistic fell below its design's non-binding futility boundary (spec v1.3 §2.7): its
+#: sampling stops, non-inferiority was not shown, and it is not shown to fail either.
+FUTILE = "stopped for futility"
 PRIMARY = "task accuracy"
 SECONDARY = ("gold-answer NLL, relative change", "top-1 agreement", "KL(full ‖ strategy), nats")
 #: The reader's loss (spec v1.2 §2.6): declared secondary endpoints on the task score, in percent, each with a
@@ -342,6 +345,7 @@ class Look:
     repeated: tuple[float, float] = (float("nan"), float("nan"))
     charged: bool = False  # the deciding look is one published before the design was registered (charged)
     exploratory: bool = False  # the scope is outside the design's family (spec v1.2 §2.6)
+    futile: bool = False  # decided_at is where the statistic fell below the futility boundary (``level``: its p)
 
     def repeated_text(self) -> str:
         lo, hi = self.repeated
@@ -349,6 +353,10 @@ class Look:
 
     def text(self, p_holds: float, p_fails: float = float("nan")) -> str:
         where = f"look {self.look} of {self.n_looks} ({self.contexts} contexts per task)"
+        if self.decided_at and self.futile:
+            return (f"group-sequential, stopped for futility at look {self.decided_at} of {self.n_looks}: one-sided "
+                    f"p = {_p(self.p_decided)} (holds), above the non-binding futility boundary's {_p(self.level)} "
+                    f"for its share of alpha {_p(self.share)}")
         if self.decided_at:
             early = " (a look published before the design, charged to its spending)" if self.charged else ""
             return (f"group-sequential, decided at look {self.decided_at} of {self.n_looks}{early}: one-sided p = "
@@ -526,16 +534,41 @@ def noninferiority_through_looks(records: pd.DataFrame, strategies: Sequence[str
     current = per_look[-1] if per_look else {
         (sc, s): c for sc in scopes for s in strategies if (c := compare(part(records, sc), s, baseline)) is not None}
     key = "\t".join
-    ph = [{key(h): c.p_greater(-margin) for h, c in look.items()} for look in per_look]
-    pf = [{key(h): c.p_less(-margin) for h, c in look.items()} for look in per_look]
-    if design.multiplicity == "gatekeeping" and len(scopes) > 1:
-        weights, trans = sequential.gatekeeping_graph(scopes, list(strategies), lambda sc, s: key((sc, s)))
-        held, open_held = sequential.graph_through_looks(ph, alpha, design, weights, trans)
-        failed, open_failed = sequential.graph_through_looks(pf, alpha, design, weights, trans)
+    if design.statistic == scoretest.NAME:  # the registered statistic, not the intervals' p-values
+        tests = [{key((sc, s)): t for sc in scopes for s in strategies
+                  if (t := score(part(sequential.at_look(records, design, j, index), sc), s, baseline, margin))}
+                 for j in range(1, last + 1)]
+        ph = [{h: t.p_holds for h, t in look.items()} for look in tests]
+        pf = [{h: t.p_fails for h, t in look.items()} for look in tests]
     else:
-        held = sequential.holm_through_looks(ph, alpha, design)
-        failed = sequential.holm_through_looks(pf, alpha, design)
-        open_held = open_failed = None
+        ph = [{key(h): c.p_greater(-margin) for h, c in look.items()} for look in per_look]
+        pf = [{key(h): c.p_less(-margin) for h, c in look.items()} for look in per_look]
+    def judge(ph: list, pf: list) -> tuple:
+        shares: list[dict[str, float]] = []  # each look's share of alpha per open hypothesis (holds direction)
+        if design.multiplicity == "gatekeeping" and len(scopes) > 1:
+            weights, trans = sequential.gatekeeping_graph(scopes, list(strategies), lambda sc, s: key((sc, s)))
+            held, open_held = sequential.graph_through_looks(ph, alpha, design, weights, trans, shares)
+            failed, open_failed = sequential.graph_through_looks(pf, alpha, design, weights, trans)
+        else:
+            held = sequential.holm_through_looks(ph, alpha, design, shares)
+            failed = sequential.holm_through_looks(pf, alpha, design)
+            open_held = open_failed = None
+        return held, open_held, failed, open_failed, shares
+
+    held, open_held, failed, open_failed, shares = judge(ph, pf)
+    futile: dict[str, tuple[int, float, float]] = {}
+    while design.futility > 0:
+        # A hypothesis stopped for futility at look j is not tested after it (its sampling stopped there), so it
+        # passes no alpha on later; re-judge without its later looks until no new stop appears.
+        found = _futility(ph, pf, shares, held, failed, design, len(tasks))
+        new = sorted((v[0], h) for h, v in found.items() if h not in futile)
+        if not new:
+            break
+        j, h = new[0]  # the earliest stop first: removing it can change what later looks decide
+        futile[h] = found[h]
+        for look in (*ph[j:], *pf[j:]):
+            look.pop(h, None)
+        held, open_held, failed, open_failed, shares = judge(ph, pf)
     out = []
     for (sc, s), c in current.items():
         if sc != want:
@@ -543,6 +576,12 @@ def noninferiority_through_looks(records: pd.DataFrame, strategies: Sequence[str
         h = key((sc, s))
         base = dict(look=last, n_looks=design.n_looks, contexts=design.contexts(last) if last else 0,
                     spending=design.spending_name, exploratory=exploratory)
+        if h in futile:  # sampling stopped there: a later crossing does not count
+            at, share, bound = futile[h]
+            note = Look(**base, decided_at=at, level=bound, share=share, p_decided=ph[at - 1][h], futile=True)
+            out.append(NonInferiority(c, margin, c.p_greater(-margin), c.p_less(-margin), float("nan"),
+                                      float("nan"), len(current), FUTILE, note))
+            continue
         if h in held or h in failed:
             (at, share), ps = (held[h], ph) if h in held else (failed[h], pf)
             level = sequential.nominal_level(share, design, at)
@@ -568,6 +607,41 @@ def noninferiority_through_looks(records: pd.DataFrame, strategies: Sequence[str
             sens = _sensitivity(c, c.p_greater(-margin) if up else c.p_less(-margin), level, margin, up)
         out.append(NonInferiority(c, margin, c.p_greater(-margin), c.p_less(-margin), float("nan"), float("nan"),
                                   len(current), verdict, note, sens))
+    return out
+
+
+def score(records: pd.DataFrame, a: str, b: str, margin: float = MARGIN_PP) -> scoretest.ScoreTest | None:
+    """The registered score statistic (:mod:`kvbench.scoretest`) of ``a`` against ``b`` at ``−margin`` points,
+    clustered as every comparison is (connected components of shared works); None without shared binary
+    questions."""
+    both = _pair(records, a, b, ["score"])
+    if both.empty:
+        return None
+    sa, sb = both["score_a"].to_numpy(float), both["score_b"].to_numpy(float)
+    if not (stats.is_binary(sa) and stats.is_binary(sb)):
+        return None
+    return scoretest.score_test(sa, sb, list(both["_doc"]), margin / 100)
+
+
+def _futility(ph: Sequence[Mapping[str, float]], pf: Sequence[Mapping[str, float]],
+              shares: Sequence[Mapping[str, float]], held: Mapping, failed: Mapping, design: sequential.Design,
+              n_tasks: int) -> dict[str, tuple[int, float, float]]:
+    """Hypotheses stopped for futility: at the first look where one is still open in both directions, holds a
+    share of alpha, and its holds statistic (as a z: the one-sided p's normal quantile) falls below the design's
+    futility boundary for that share (:func:`kvbench.sequential.futility_boundaries`; a task scope's expected z
+    is the pooled one's times sqrt(1 / tasks)). Returns each one's (look, share, boundary as a one-sided p)."""
+    out: dict[str, tuple[int, float, float]] = {}
+    for j, (ps, share_j) in enumerate(zip(ph, shares, strict=True), start=1):
+        for h, p in ps.items():
+            decided = (h in held and held[h][0] <= j) or (h in failed and failed[h][0] <= j)
+            share = share_j.get(h, 0.0)
+            if h in out or decided or share <= 0 or math.isnan(p):
+                continue
+            drift = design.drift * (1.0 if h.split("\t")[0] == POOLED else math.sqrt(1 / max(n_tasks, 1)))
+            bound = sequential.futility_boundaries(share, design.fractions, design.spending, design.futility,
+                                                   drift)[j - 1]
+            if float(sps.norm.isf(p)) < bound:
+                out[h] = (j, share, float(sps.norm.sf(bound)))
     return out
 
 

@@ -35,13 +35,21 @@ from pathlib import Path
 
 import yaml
 
-from kvbench import paired, sequential
+from kvbench import paired, scoretest, sequential
 from kvbench.errors import KVBenchError
 from kvbench.paths import conf_dir
 from kvbench.vocab import BASELINE
 
 KEYS = ("name", "sweep", "endpoint", "margin_pp", "alpha", "baseline", "family", "scopes", "multiplicity",
-        "planned_contexts", "look_every", "spending", "secondary", "relative_margin", "post_hoc")
+        "planned_contexts", "look_every", "spending", "secondary", "relative_margin", "post_hoc",
+        # A confirmatory design (spec v1.3 §2.7) declares these too; a design without them is judged as v1.2's.
+        "margin_reason", "members", "statistic", "information", "futility", "planning", "samples", "reader")
+#: Keys a v1.2 design may leave out (the headline's was registered before they existed).
+OPTIONAL = ("post_hoc", "margin_reason", "members", "statistic", "information", "futility", "planning", "samples",
+            "reader")
+FUTILITY_KEYS = ("beta", "spending", "binding")
+PLANNING_KEYS = ("power", "alternative_pp", "discordance", "design_effect", "members_in_gate", "questions_per_context",
+                 "tasks", "source")
 POST_HOC_KEYS = ("declared", "reason", "earlier_looks")
 #: The secondary endpoints a design may declare (the reader's loss, :func:`kvbench.paired.reader_loss`).
 SECONDARY = paired.READER
@@ -154,7 +162,7 @@ def load(name: str | Path) -> Registration:
     unknown = sorted(set(data) - set(KEYS))
     if unknown:
         raise _fail(path, f"unknown key {', '.join(unknown)}; valid: {', '.join(KEYS)}")
-    missing = [k for k in KEYS if k not in data and k != "post_hoc"]
+    missing = [k for k in KEYS if k not in data and k not in OPTIONAL]
     if missing:
         raise _fail(path, f"missing {', '.join(missing)} (a registration declares every one)")
     # What the code judges by: a registration that says otherwise describes an analysis that is not run.
@@ -186,12 +194,62 @@ def load(name: str | Path) -> Registration:
     earlier = tuple(post.get("earlier_looks") or ())
     if declared and not str(post.get("reason", "")).strip():
         raise _fail(path, "a post-hoc declaration needs its reason")
+    statistic, beta, drift = _confirmatory(path, data)
     design = sequential.Design(data["planned_contexts"], data["look_every"], str(data["spending"]),
-                               earlier if declared else (), tuple(scopes), str(data["multiplicity"]))
+                               earlier if declared else (), tuple(scopes), str(data["multiplicity"]),
+                               statistic, beta, drift, tuple(str(m) for m in data.get("members") or ()))
     sha = content_hash(data)
     when, commit = registered_at(path, sha)
     return Registration(path, data, sha, design, declared, str(post.get("reason", "")).strip(), earlier, when,
                         commit)
+
+
+def planned_drift(planning: Mapping, planned_contexts: int, margin_pp: float) -> float:
+    """The expected z of the pooled score statistic at the planned n under the planning alternative: (alternative
+    + margin) / sqrt(discordance x design effect / n), n = contexts x questions per context x tasks."""
+    n = planned_contexts * int(planning["questions_per_context"]) * int(planning["tasks"])
+    var = float(planning["discordance"]) * float(planning["design_effect"])
+    return (float(planning["alternative_pp"]) + margin_pp) / 100 * math.sqrt(n / var)
+
+
+def planned_contexts(planning: Mapping, alpha: float, margin_pp: float, look_every: int, spending: str,
+                     beta: float) -> int:
+    """The fewest contexts per task, in whole looks of ``look_every``, whose design reaches the planned power for
+    a pooled hypothesis holding ``alpha / members_in_gate`` with its futility boundaries obeyed (Monte Carlo power,
+    :func:`kvbench.sequential.power`)."""
+    share = alpha / int(planning["members_in_gate"])
+    contexts = look_every
+    while contexts <= 100 * look_every:
+        looks = math.ceil(contexts / look_every)
+        fractions = tuple(min(j * look_every, contexts) / contexts for j in range(1, looks + 1))
+        drift = planned_drift(planning, contexts, margin_pp)
+        if sequential.power(share, fractions, spending, beta, drift) >= float(planning["power"]):
+            return contexts
+        contexts += look_every
+    raise KVBenchError("the planning assumptions need more than 100 looks: check discordance and margin")
+
+
+def _confirmatory(path: Path, data: Mapping) -> tuple[str, float, float]:
+    """(statistic, futility beta, planned drift) of a design; ("", 0, nan) for a v1.2 design without them."""
+    statistic = data.get("statistic") or ""
+    if statistic and statistic != scoretest.NAME:
+        raise _fail(path, f"statistic must be {scoretest.NAME} (got {statistic!r})")
+    fut = data.get("futility")
+    if not fut:
+        return statistic, 0.0, float("nan")
+    if not isinstance(fut, Mapping) or set(fut) - set(FUTILITY_KEYS):
+        raise _fail(path, f"futility must map {', '.join(FUTILITY_KEYS)}")
+    if fut.get("binding", False):
+        raise _fail(path, "futility must be non-binding (binding: false): the efficacy boundaries ignore it")
+    if fut.get("spending", data["spending"]) != data["spending"]:
+        raise _fail(path, "futility spends beta by the design's own spending function")
+    beta = float(fut.get("beta", 0))
+    if not 0 < beta < 0.5:
+        raise _fail(path, f"futility beta must be in (0, 0.5) (got {beta})")
+    plan = data.get("planning")
+    if not isinstance(plan, Mapping) or set(PLANNING_KEYS) - set(plan):
+        raise _fail(path, f"a futility boundary needs planning with {', '.join(PLANNING_KEYS)}")
+    return statistic, beta, planned_drift(plan, int(data["planned_contexts"]), float(data["margin_pp"]))
 
 
 def check(reg: Registration, results_dir: str | Path) -> sequential.Design:
@@ -204,6 +262,18 @@ def check(reg: Registration, results_dir: str | Path) -> sequential.Design:
         raise KVBenchError(f"design {reg.path} {when} (sha256 {reg.sha256[:12]}); register it before a sweep's "
                            "first record, or declare it post hoc (post_hoc: {declared: true, reason: ..., "
                            "earlier_looks: [contexts per task of every look published before it]})")
+    reader = reg.content.get("reader")
+    if reader:
+        # A changed reader sums attention in another order: its records are another run and never join the store
+        # a design judges (spec §5.1). Each run states its reader in identity.json (absent: PyTorch's blocks).
+        for ident in sorted((Path(results_dir) / "runs").glob("*/identity.json")):
+            try:
+                used = json.loads(ident.read_text()).get("attention_reader", "blocks")
+            except (OSError, ValueError, AttributeError):
+                used = "unreadable"
+            if used != reader:
+                raise KVBenchError(f"run {ident.parent.name} in {results_dir} was read by {used!r}; design "
+                                   f"{reg.path.name} judges only runs read by {reader!r}")
     if reg.post_hoc and late and not reg.earlier_looks:
         raise KVBenchError(f"design {reg.path} is post hoc: list every look published before it in "
                            "post_hoc.earlier_looks (contexts per task), so the spending is charged for them")

@@ -220,8 +220,10 @@ def run_identity(cfg: DictConfig, lm: Any, strategies: list[Strategy], profile: 
     """The run a job's records belong to: its determinants (kvbench.identity), config hash and run id. Shared by
     :func:`run` and the sweep's dry run, which counts a job's finished samples under the same id."""
     from kvbench import identity, linear
+    from kvbench.tasks.suite import identity_settings
 
-    task_cfg = OmegaConf.to_container(cfg.task, resolve=True)
+    # A setting at the value that leaves samples as they were before it existed does not name the run.
+    task_cfg = identity_settings(OmegaConf.to_container(cfg.task, resolve=True))
     chunk_tokens = int(cfg.engine.chunk_tokens) if cfg.engine.prefill == "chunked" else 0
     hardware = identity.hardware_fields(profile)
     hardware_digest = stable_hash(hardware, 64)

@@ -71,6 +71,15 @@ class Design:
     # How the scopes' hypotheses share alpha: "holm" (every hypothesis alike) or "gatekeeping" (the first scope's
     # hypotheses hold all of it; a rejection passes its share to the same strategy in the later scopes).
     multiplicity: str = "holm"
+    # The test statistic the p-values come from (``kvbench.scoretest.NAME``, or "" for the fixed-sample claim
+    # check's interval-based p-values) and a non-binding futility boundary (Jennison & Turnbull 2000, §7.2:
+    # beta spent by the same spending function under the planned alternative, whose expected z at full
+    # information for the pooled scope is ``drift``); futility 0: none.
+    statistic: str = ""
+    futility: float = 0.0
+    drift: float = float("nan")
+    # The family's members by label, declared before the data (a confirmatory design); (): the memory band decides.
+    members: tuple[str, ...] = ()
     registered: str = field(default="", compare=False)
     post_hoc: str = field(default="", compare=False)
 
@@ -127,7 +136,14 @@ class Design:
             return (f"{self.n_looks} looks: {len(self.planned_looks)} pre-registered ({planned}) and "
                     f"{len(self.charged)} published before the design was registered ({early} contexts per task), "
                     f"charged to the same spending at their information fractions; {self.rule} through the looks")
-        return f"{self.n_looks} looks, {planned}, {self.rule} through the looks"
+        tail = ""
+        if self.statistic:
+            tail += (f"; statistic {self.statistic} (Tango's paired score test, cluster-robust design effect, "
+                     "t reference)")
+        if self.futility > 0:
+            tail += (f"; a non-binding futility boundary (beta {self.futility:g} spent {self.spending_name}-type under "
+                     f"the planning alternative, expected pooled z {self.drift:.2f} at the planned n)")
+        return f"{self.n_looks} looks, {planned}, {self.rule} through the looks{tail}"
 
     @property
     def rule(self) -> str:
@@ -192,6 +208,89 @@ def boundaries(alpha: float, fractions: tuple[float, ...], spending: str = DEFAU
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=1024)
+def futility_boundaries(share: float, fractions: tuple[float, ...], spending: str, beta: float,
+                        drift: float) -> tuple[float, ...]:
+    """Lower (futility) z boundaries, one per look: under the alternative (``Z_k ~ N(drift sqrt(t_k), 1)``
+    jointly) the probability of stopping below them, look by look, adds up to the spent ``beta``, with the
+    efficacy boundaries of ``share`` in place. Non-binding: the efficacy boundaries ignore them (so alpha is
+    kept whether or not a trial stops at them). The last look's equals its efficacy boundary, so every hypothesis
+    ends decided: above it holds, below it is stopped for futility. Each capped at the efficacy boundary."""
+    t = np.asarray(fractions, dtype=float)
+    upper = boundaries(share, fractions, spending)
+    spend = SPENDING[spending]
+    inc = np.diff(np.concatenate([[0.0], [spend(beta, float(x)) for x in t]]))
+    out = [min(float(sps.norm.ppf(inc[0]) + drift * math.sqrt(t[0])) if inc[0] > 0 else -math.inf, upper[0])]
+    if len(t) == 1:
+        return (upper[0],)
+
+    def grid(k: int, low: float) -> np.ndarray:
+        """Nodes of S = Z sqrt(t) on look k's continuation region (below 12 sd under its mean: negligible)."""
+        floor = drift * t[k] - 12 * math.sqrt(t[k])
+        return np.linspace(max(low, floor), min(upper[k], 40.0) * math.sqrt(t[k]), _GRID)
+
+    s = grid(0, out[0] * math.sqrt(t[0]))
+    dens = sps.norm.pdf((s - drift * t[0]) / math.sqrt(t[0])) / math.sqrt(t[0])
+    for k in range(1, len(t)):
+        dt = t[k] - t[k - 1]
+        sd = math.sqrt(dt)
+        w = np.full(len(s), s[1] - s[0])
+        w[[0, -1]] /= 2
+        mass = w * dens
+        root_t, target, mean = math.sqrt(t[k]), inc[k], drift * dt
+
+        def below(a: float, s: np.ndarray = s, mass: np.ndarray = mass, sd: float = sd, root_t: float = root_t,
+                  target: float = target, mean: float = mean) -> float:
+            """P(continue to the previous look, then Z_k < a) under the alternative, minus this look's beta."""
+            return float(np.sum(mass * sps.norm.cdf((a * root_t - s - mean) / sd))) - target
+
+        if k == len(t) - 1:
+            a = upper[k]
+        elif target <= 0 or below(-20.0) >= 0:
+            a = -math.inf if target <= 0 else -20.0
+        elif below(min(upper[k], 40.0)) <= 0:
+            a = upper[k]
+        else:
+            a = min(float(optimize.brentq(below, -20.0, min(upper[k], 40.0), xtol=1e-10)), upper[k])
+        out.append(a)
+        if k == len(t) - 1 or a >= upper[k]:
+            out.extend(upper[k + 1:])
+            break
+        u = grid(k, a * root_t)
+        dens = mass @ (sps.norm.pdf((u[None, :] - s[:, None] - mean) / sd) / sd)
+        s = u
+    return tuple(out)
+
+
+def power(share: float, fractions: tuple[float, ...], spending: str, beta: float, drift: float,
+          resamples: int = 400_000, seed: int = 0) -> float:
+    """P(crossing an efficacy boundary before a futility one) under the alternative ``drift`` — the power of the
+    design with its futility boundaries obeyed. Monte Carlo over Brownian paths (fixed seed), independent of the
+    recursion that computes the boundaries."""
+    t = np.asarray(fractions, dtype=float)
+    up = np.asarray(boundaries(share, fractions, spending))
+    low = np.asarray(futility_boundaries(share, fractions, spending, beta, drift)) if beta > 0 else \
+        np.concatenate([np.full(len(t) - 1, -np.inf), up[-1:]])
+    rng = np.random.default_rng(seed)
+    z = (np.cumsum(rng.standard_normal((resamples, t.size)) * np.sqrt(np.diff(np.concatenate([[0.0], t]))), axis=1)
+         + drift * t) / np.sqrt(t)
+    hit_up, hit_low = z >= up, z < low
+    first_up = np.where(hit_up.any(1), hit_up.argmax(1), t.size)
+    first_low = np.where(hit_low.any(1), hit_low.argmax(1), t.size)
+    return float(np.mean(first_up <= first_low))
+
+
+def drift_for_power(target: float, share: float, fractions: tuple[float, ...], spending: str,
+                    beta: float) -> float:
+    """The expected z at full information that gives ``target`` power under the design (bisection on
+    :func:`power`, common random numbers)."""
+    lo, hi = 0.5, 10.0
+    for _ in range(24):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if power(share, fractions, spending, beta, mid, resamples=100_000) < target else (lo, mid)
+    return hi
+
+
 def nominal_level(alpha: float, design: Design, look: int) -> float:
     """The one-sided p a hypothesis at level ``alpha`` must be below at look ``look`` (1-based)."""
     c = boundaries(alpha, design.fractions, design.spending)[look - 1]
@@ -250,8 +349,8 @@ def at_look(records: pd.DataFrame, design: Design, look: int, index: pd.Series |
 # --------------------------------------------------------------------------------------------- Holm x looks
 
 
-def holm_through_looks(pvalues: Sequence[Mapping[str, float]], alpha: float,
-                       design: Design) -> dict[str, tuple[int, float]]:
+def holm_through_looks(pvalues: Sequence[Mapping[str, float]], alpha: float, design: Design,
+                       shares: list | None = None) -> dict[str, tuple[int, float]]:
     """Each rejected hypothesis's look (1-based) and the share of ``alpha`` it was rejected at;
     ``pvalues[j]`` are look j+1's.
 
@@ -272,12 +371,15 @@ def holm_through_looks(pvalues: Sequence[Mapping[str, float]], alpha: float,
                 rejected[h] = (j, alpha / len(open_))
                 continue
             break
+        if shares is not None:  # what each open hypothesis holds after this look's rejections
+            open_ = [h for h in names if h not in rejected]
+            shares.append({h: alpha / len(open_) for h in open_})
     return rejected
 
 
 def graph_through_looks(pvalues: Sequence[Mapping[str, float]], alpha: float, design: Design,
                         weights: Mapping[str, float], transitions: Mapping[str, Mapping[str, float]],
-                        ) -> tuple[dict[str, tuple[int, float]], dict[str, float]]:
+                        shares: list | None = None) -> tuple[dict[str, tuple[int, float]], dict[str, float]]:
     """A graphical multiple test through the looks (Bretz, Maurer, Brannath & Posch 2009, *A graphical approach
     to sequentially rejective multiple test procedures*, Stat Med 28:586-604, algorithm 1; through group-sequential
     looks, Maurer & Bretz 2013): hypothesis h holds ``alpha x weights[h]`` and is tested at that share's boundary
@@ -304,6 +406,8 @@ def graph_through_looks(pvalues: Sequence[Mapping[str, float]], alpha: float, de
                             for k in rest if k != x}
             w = {**{x: 0.0 for x in w}, **new_w}
             g = {**{x: {} for x in g}, **new_g}
+        if shares is not None:  # each open hypothesis's share after this look's rejections
+            shares.append({h: alpha * v for h, v in w.items() if h not in rejected})
     return rejected, {h: alpha * v for h, v in w.items() if h not in rejected}
 
 

@@ -27,6 +27,7 @@ from kvbench.claims.figures import (
 )
 from kvbench.paired import (
     FAILS,
+    FUTILE,
     HOLDS,
     PLANNED_N,
     POOLED,
@@ -103,6 +104,14 @@ def headline(summary: pd.DataFrame, scope: str, setting: str | None = None,
                                setting=setting)
     band = [p for p in reach if p.memory_reduction <= CLAIM_HIGH]
     family = band or reach
+    if design is not None and design.members:
+        # A confirmatory design names its members before the data: no other strategy joins the family, and a
+        # member whose measured saving left the band is excluded (its rows still show it).
+        family = [p for p in band if p.strategy in design.members]
+        if not family:
+            return HeadlineVerdict(scope, False, False, False, None, None, False,
+                                   "not testable yet: no member of the design has records in the claim's band",
+                                   setting=setting)
     if design is not None and recs is not None:
         # One family over the design's scopes (spec v1.2 §2.6): the judging sees every task at this scope's length.
         pooled = scope.startswith(f"{OVERALL}@")
@@ -124,6 +133,8 @@ def headline(summary: pd.DataFrame, scope: str, setting: str | None = None,
         verdict = HOLDS
     elif by_name and all(v.verdict == FAILS for _, v in by_name.values()):
         verdict = FAILS
+    elif by_name and all(v.verdict in (FAILS, FUTILE) for _, v in by_name.values()):
+        verdict = FUTILE  # every member decided, none non-inferior: the claim is not shown
     else:
         verdict = UNDETERMINED
     pick = largest_reduction(holding) or largest_reduction(point) or best_delta(family)
@@ -147,6 +158,9 @@ def headline(summary: pd.DataFrame, scope: str, setting: str | None = None,
     elif verdict == FAILS:
         text = (f"**fails** — the claim does not hold: every strategy of {where} loses more than {LOSS_PP:g} "
                 f"point with confidence ({named})")
+    elif verdict == FUTILE:
+        text = (f"**not shown** — every strategy of {where} failed or was stopped for futility, none is "
+                f"non-inferior at −{LOSS_PP:g} point ({named})")
     else:
         v = by_name[pick.strategy][1] if pick.strategy in by_name else None
         label = _undetermined_label(m for _, m in undecided)

@@ -107,6 +107,11 @@ def _registration(check: ClaimCheck) -> list[str]:
                   "through the looks); a scope outside it is labelled exploratory")
     lines = [f"**Pre-registration** (spec v1.2 §2.6): the design file {d.registered} declares the endpoint, "
              f"margin, level, family, scopes, looks, planned n and spending judged here; {scopes}."]
+    if d.statistic or d.futility > 0:
+        lines[-1] += (f" **Confirmatory design** (spec v1.3 §2.7): {d.describe()}; "
+                      + (f"its {len(d.members)} members are named in the file before the data; " if d.members else "")
+                      + "every member ends holds, fails or stopped for futility (at the last look the futility "
+                      "boundary meets the efficacy one).")
     if d.post_hoc:
         share = ALPHA / max(hyps * (n_scopes if d.multiplicity == "holm" else 1), 1)
         err = published_error(share, d)

@@ -149,12 +149,26 @@ def display_columns(lb: Leaderboard, table: pd.DataFrame | None = None) -> list[
     return [(c.header, c.key, c.cells) for c in main_columns(lb.table if table is None else table)]
 
 
+def _standing(lb: Leaderboard, style: type = fmt.Markdown) -> list[str]:
+    """What kind of evidence the page is, first: a design declared after the data makes it exploratory, one
+    registered before the store's first record confirmatory (spec v1.3 §2.7)."""
+    d = lb.design
+    if d is None or not d.registered:
+        return []
+    if d.post_hoc:
+        return [f"{style.bold('Exploratory (post hoc design)')}: the design judging this store, "
+                f"{style.text(d.registered)}, was registered after its records were in; its verdicts describe "
+                "these data and are not a confirmatory test (the reason is in the claim check)."]
+    return [f"{style.bold('Confirmatory')}: judged by the design {style.text(d.registered)}, registered before "
+            "the store's first record; verdicts only at its pre-registered looks."]
+
+
 def _header_lines(lb: Leaderboard, style: type = fmt.Markdown) -> list[str]:
     m, t, c = lb.meta, style.text, style.code
     method = ""
     if any(col.endswith(".delta_method") for col in lb.table.columns):
         method = f" (method per row in the CSV's {c('delta_method')})"
-    return [
+    return _standing(lb, style) + [
         f"Model {style.bold(t(m['model']))}, measurement spec v{t(m['spec_version'])}, hardware profile "
         f"{t(m['hardware'])}, dtype {t(m['dtype'])}; {t(m['records'])} records; tasks: {t(', '.join(lb.tasks))}; "
         f"filters: {t(m['filters'])}.",

@@ -14,6 +14,7 @@ draws from its own ``random.Random`` seeded with a string, never from global RNG
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -48,7 +49,22 @@ DEFAULTS: dict[str, Any] = {
     "snap_tokens": 16,
     "query_tokens": 16,
     "continuation_tokens": 64,
+    "pool": "all",
+    "first_context": 0,
 }
+#: Document pools (``task.pool``): every work, or one side of a fixed split by work, so that a calibration
+#: and the study it calibrates never share a document (nor a part of the same work). The split is a hash of
+#: the task and work name: it does not depend on the order of the pool or on which works other tasks hold.
+POOLS = ("all", "calibration", "study")
+CALIBRATION_SHARE = 64  # of 256: about a quarter of the works calibrate, the rest are the study's
+#: Task settings whose default leaves samples as they were before the setting existed: left out of the run
+#: identity at that value (kvbench.runner), so runs made before them keep their ids.
+IDENTITY_NEUTRAL = {"pool": "all", "first_context": 0}
+
+
+def identity_settings(task_cfg: dict[str, Any]) -> dict[str, Any]:
+    """The task settings that name a run: all but those at their :data:`IDENTITY_NEUTRAL` value."""
+    return {k: v for k, v in task_cfg.items() if not (k in IDENTITY_NEUTRAL and v == IDENTITY_NEUTRAL[k])}
 
 
 def option(cfg: Any, key: str, defaults: dict[str, Any]) -> Any:
@@ -85,9 +101,23 @@ def _place_distractors(rng: random.Random, placement: str, budget: int, target: 
                        "lower task.distractors or raise task.context_tokens")
 
 
+def pool_documents(task: str, docs: Sequence[Document], pool: str) -> list[Document]:
+    """The documents of ``pool`` (:data:`POOLS`): a split by work, stable whatever else the pool holds."""
+    if pool not in POOLS:
+        raise KVBenchError(f"unknown task.pool {pool!r}; valid: {', '.join(POOLS)}")
+    if pool == "all":
+        return list(docs)
+    side = [d for d in docs if (hashlib.sha256(f"{task}:{d.work}".encode()).digest()[0] < CALIBRATION_SHARE)
+            == (pool == "calibration")]
+    if not side:
+        raise KVBenchError(f"task.pool={pool} holds no document of {task}'s {len(docs)}; use task.pool=all")
+    return side
+
+
 def build_task(task: str, cfg: Any, tokenizer: Any, max_context: int, docs: Sequence[Document],
                defaults: dict[str, Any], random_start: bool) -> list[Sample]:
-    """Dispatch on ``cfg.variant``."""
+    """Dispatch on ``cfg.variant``, over the documents of ``task.pool``."""
+    docs = pool_documents(task, docs, str(option(cfg, "pool", defaults)))
     variant = str(option(cfg, "variant", defaults))
     if variant == "retrieval" and int(option(cfg, "questions_per_context", defaults)) != 1:
         return multi_question_samples(task, cfg, tokenizer, max_context, docs, defaults, random_start)
@@ -98,14 +128,20 @@ def build_task(task: str, cfg: Any, tokenizer: Any, max_context: int, docs: Sequ
     raise KVBenchError(f"unknown task.variant {variant!r}; valid: {', '.join(VARIANTS)}")
 
 
-def _common(cfg: Any, defaults: dict[str, Any]) -> tuple[int, int, int]:
+def _common(cfg: Any, defaults: dict[str, Any]) -> tuple[int, range, int]:
+    """Context length, the sample indices (``task.first_context`` on, ``task.n_samples`` of them), seed.
+    An index names a sample's id and draws its content, so two stores with disjoint ranges share no sample; the
+    records' ``index`` counts from the first (a sequential design's looks are prefixes of it)."""
     context_tokens = int(option(cfg, "context_tokens", defaults))
     if context_tokens < MIN_CONTEXT:
         raise KVBenchError(f"task.context_tokens must be >= {MIN_CONTEXT} (got {context_tokens})")
     n = int(option(cfg, "n_samples", defaults))
     if n < 1:
         raise KVBenchError(f"task.n_samples must be >= 1 (got {n})")
-    return context_tokens, n, int(option(cfg, "seed", defaults))
+    first = int(option(cfg, "first_context", defaults))
+    if first < 0:
+        raise KVBenchError(f"task.first_context must be >= 0 (got {first})")
+    return context_tokens, range(first, first + n), int(option(cfg, "seed", defaults))
 
 
 def retrieval_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, docs: Sequence[Document],
@@ -132,7 +168,7 @@ def retrieval_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, doc
     forms = {d.doc_id: d.form for d in docs}
 
     samples = []
-    for i in range(n):
+    for i in n:
         rng = random.Random(f"{task}:retrieval:{seed}:{i}")
         depth = depths[i % len(depths)]
         # Cycle families across depth sweeps so every depth sees every family.
@@ -169,7 +205,7 @@ def retrieval_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, doc
             gold_ids=pieces.gold_ids(tokenizer, needle.gold), answers=list(needle.answers), metric="substring",
             max_new_tokens=max_new, stop_at_newline=bool(option(cfg, "stop_at_newline", defaults)),
             metadata={
-                "task": task, "variant": "retrieval", "template": pieces.template, "seed": seed, "index": i,
+                "task": task, "variant": "retrieval", "template": pieces.template, "seed": seed, "index": i - n.start,
                 "context_tokens": len(prefix), "query_aware": query_aware, "answer_prefix": use_prefix,
                 "depth": depth, "needle_token_index": doc_start + starts[0],
                 "needle_depth": starts[0] / max(1, budget - len(needle_ids)), "needle_tokens": len(needle_ids),
@@ -198,7 +234,7 @@ def continuation_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, 
         raise KVBenchError(f"task.query_tokens and task.continuation_tokens must be >= 1 (got {q_len}, {g_len})")
     lead = leading_special_ids(tokenizer)
     samples = []
-    for i in range(n):
+    for i in n:
         rng = random.Random(f"{task}:continuation:{seed}:{i}")
         body = context_tokens - len(lead)
         filler = draw_filler(tokenizer, docs, rng, body + q_len + g_len, random_start, index=i,
@@ -210,7 +246,7 @@ def continuation_samples(task: str, cfg: Any, tokenizer: Any, max_context: int, 
             sample_id=sample_id, prefix_ids=prefix, query_ids=query, gold_ids=gold,
             answers=[tokenizer.decode(gold)], metric="token_accuracy", max_new_tokens=g_len,
             metadata={
-                "task": task, "variant": "continuation", "template": "raw", "seed": seed, "index": i,
+                "task": task, "variant": "continuation", "template": "raw", "seed": seed, "index": i - n.start,
                 "context_tokens": len(prefix), "query_aware": False, "depth": None, "needle_token_index": None,
                 "distractors": 0, "query_tokens": q_len, "continuation_tokens": g_len,
                 "document_id": filler.document_id, "work_id": filler.work_id,
@@ -253,7 +289,7 @@ def multi_question_samples(task: str, cfg: Any, tokenizer: Any, max_context: int
     gap = 2 * snap + 8
 
     samples = []
-    for c in range(n):
+    for c in n:
         rng = random.Random(f"{task}:multi:{seed}:{k_questions}:{c}")
         picked = [families[(c * k_questions + j) % len(families)] for j in range(k_questions)]
         groups = sample_needle_set(picked, rng, n_distractors, distractor_kind)
@@ -302,7 +338,8 @@ def multi_question_samples(task: str, cfg: Any, tokenizer: Any, max_context: int
                 metric="substring", max_new_tokens=max_new,
                 stop_at_newline=bool(option(cfg, "stop_at_newline", defaults)),
                 metadata={
-                    "task": task, "variant": "retrieval", "template": pieces[j].template, "seed": seed, "index": c,
+                    "task": task, "variant": "retrieval", "template": pieces[j].template, "seed": seed,
+                    "index": c - n.start,
                     "context_id": context_id, "question_index": j, "questions_per_context": k_questions,
                     "document_id": filler.document_id, "work_id": filler.work_id,
                     "context_tokens": len(prefix), "query_aware": False, "answer_prefix": use_prefix,
