@@ -130,6 +130,20 @@ def load_baseline(root: Path, key_fn: Callable[[Sample], str], sample: Sample) -
     return StrategyResult(rec, logp)
 
 
+def sealed_here(path: Path) -> bool:
+    """Whether the baseline file ``path`` carries this machine's seal over its record, identity and log-probs
+    (what :func:`load_baseline` requires before reusing it): a results tree may publish it."""
+    from safetensors.torch import load as load_tensors
+
+    try:
+        data = path.read_bytes()
+        meta = _metadata(data)
+        logp = load_tensors(data)[_LOGP].float()
+    except Exception:  # torn, foreign or not safetensors at all: not this machine's
+        return False
+    return seal_matches(meta.get(_SEAL), *_sealed_parts(meta, logp))
+
+
 def stamp(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A sample's records (its baseline first), each carrying the baseline file's sha256 (None: computed
     fresh): every strategy's delta and fidelity rest on that baseline."""

@@ -64,7 +64,9 @@ register_configs()
 
 
 def fail(message: str, code: int = 2) -> None:
-    print(f"kvbench: error: {message}", file=sys.stderr)
+    from kvbench.results import safe_message
+
+    print(f"kvbench: error: {safe_message(message)}", file=sys.stderr)
     raise SystemExit(code)
 
 
@@ -115,7 +117,9 @@ def _point_to_run(job_dir: Path, run_dir: str | None) -> None:
 def _record_failure(hydra_cfg: DictConfig, message: str) -> None:
     job_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
-    print(f"kvbench: error: job {hydra_cfg.job.num} ({' '.join(overrides)}): {message}", file=sys.stderr)
+    from kvbench.results import safe_message
+
+    print(safe_message(f"kvbench: error: job {hydra_cfg.job.num} ({' '.join(overrides)}): {message}"), file=sys.stderr)
     with contextlib.suppress(OSError):  # the failure may be this very directory; the list below still has it
         job_dir.mkdir(parents=True, exist_ok=True)
         (job_dir / "error.txt").write_text(message + "\n")

@@ -424,9 +424,11 @@ def compose_jobs(jobs: list[list[str]]) -> Iterator[tuple[list[str], Any]]:
         parsed = parser.parse_overrides(job)
         choices = tuple(o.input_line for o in parsed if o.key_or_group in GROUPS)
         try:
+            _refuse_deletions([o for o in parsed if o.key_or_group in GROUPS], None)
             if choices not in bases:
                 bases[choices] = _compose(compose, list(choices))
             _refuse_new_keys(parsed, bases[choices], job)
+            _refuse_deletions(parsed, bases[choices])
             cfg = copy.deepcopy(bases[choices])
             ConfigLoaderImpl._apply_overrides_to_config([o for o in parsed if o.key_or_group not in GROUPS], cfg)
         except (HydraException, OmegaConfBaseException) as exc:
@@ -452,6 +454,31 @@ def _refuse_new_keys(parsed: list[Any], cfg: Any, job: list[str]) -> None:
         if isinstance(parent, DictConfig) and OmegaConf.is_struct(parent) is False:
             continue
         raise KVBenchError(_unknown_key(key, [x for x in job if x != o.input_line]))
+
+
+def _refuse_deletions(parsed: list[Any], cfg: Any) -> None:
+    """``~key`` deletes a key every job reads (``~seed`` left ``task.seed`` pointing at nothing; ``~results_dir``
+    left no place to write; ``~strategy`` no strategy): refused in one line saying what to set instead. Keys of
+    open nodes (``strategies_params``) may be deleted."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from kvbench.results import printable
+
+    for o in parsed:
+        if not o.is_delete():
+            continue
+        key = o.key_or_group
+        if key in GROUPS:
+            raise KVBenchError(f"{printable(o.input_line)}: every job needs a {key}; choose one instead, {key}=<name> "
+                               f"(valid: {', '.join(group_options(key))})")
+        parent_key = key.rpartition(".")[0]
+        parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+        if isinstance(parent, DictConfig) and OmegaConf.is_struct(parent) is False:
+            continue
+        current = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)
+        hint = f" (default {key}={current})" if current is not _ABSENT and not OmegaConf.is_config(current) else ""
+        raise KVBenchError(f"{printable(o.input_line)}: {printable(key)} cannot be deleted, every job reads it; set "
+                           f"it instead, {printable(key)}=<value>{hint}")
 
 
 _ABSENT = object()

@@ -9,9 +9,11 @@ goes on, ``--strict`` refuses, as ``kvbench verify`` does. Without a manifest no
 (a working directory being measured has none); ``--strict`` and ``kvbench verify`` refuse.
 
 A listed baseline that is absent is not a mismatch: baselines are a cache (recomputed when missing, and
-not committed with a published tree); one that is present must be the one listed. Hidden files (locks,
-claims, temporary files) and everything else in the directory (reports, plots, multirun
-logs) are derived or transient and not listed.
+not committed with a published tree); one that is present must be the one listed. The files listed are the
+ones every reader of the tree reads (:func:`kvbench.results.tree.results_files`): a run's lock, its claims and
+temporary files are transient and not listed; a symbolic link, any other hidden file or a special file in
+``runs/``, ``store/`` or ``baselines/`` is refused, named, by verify, publishing and every table alike.
+Everything else in the directory (reports, plots, multirun logs) is derived and not listed.
 """
 
 from __future__ import annotations
@@ -23,25 +25,23 @@ from pathlib import Path
 
 from kvbench.errors import KVBenchError
 from kvbench.paths import sha256_file
-from kvbench.results import DuplicateRecordError, atomic_write_text, printable, records_duplicates, warn
+from kvbench.results import (
+    DuplicateRecordError,
+    atomic_write_text,
+    printable,
+    records_duplicates,
+    safe_message,
+    warn,
+)
+from kvbench.results.tree import results_files
 
 MANIFEST = "MANIFEST.sha256"
-#: The subdirectories whose files tables are computed from.
-TRACKED = ("runs", "store", "baselines")
 
 
 def tracked_files(root: Path) -> list[str]:
-    """Relative paths of the files the manifest lists, sorted."""
-    out = []
-    for sub in TRACKED:
-        base = root / sub
-        if not base.is_dir():
-            continue
-        for p in base.rglob("*"):
-            rel = p.relative_to(root)
-            if p.is_file() and not p.is_symlink() and not any(part.startswith(".") for part in rel.parts):
-                out.append(rel.as_posix())
-    return sorted(out)
+    """Relative paths of the files the manifest lists, sorted: the one list every reader of the tree reads
+    (:func:`kvbench.results.tree.results_files`; a link or a hidden file there is refused, named)."""
+    return results_files(root)
 
 
 def write_manifest(root: str | Path) -> Path:
@@ -55,7 +55,12 @@ def write_manifest(root: str | Path) -> Path:
 
 def read_manifest(root: Path) -> dict[str, str] | None:
     """``{relative path: sha256}`` of ``root``'s manifest; None when there is none. A malformed line is an error."""
-    path = root / MANIFEST
+    return read_listing(root / MANIFEST)
+
+
+def read_listing(path: Path) -> dict[str, str] | None:
+    """``{relative path: sha256}`` of the manifest file ``path`` (a tree's own, or a committed one saved aside);
+    None when there is none. A malformed line is an error."""
     if not path.is_file():
         return None
     listed: dict[str, str] = {}
@@ -64,7 +69,7 @@ def read_manifest(root: Path) -> dict[str, str] | None:
             continue
         digest, sep, rel = line.partition("  ")
         if not sep or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-            raise KVBenchError(f"{path}:{n} is not a '<sha256>  <path>' line; rewrite it with "
+            raise KVBenchError(f"{printable(path)}:{n} is not a '<sha256>  <path>' line; rewrite it with "
                                "`kvbench verify --write` once the tree is known to be right")
         listed[rel] = digest
     return listed
@@ -147,6 +152,110 @@ def check(root: str | Path, strict: bool = False) -> None:
     warn(result.problem())
 
 
+def _run_vouches(root: Path, run_id: str, cache: dict[str, str | None]) -> str | None:
+    """Why the run ``runs/<run_id>`` does not vouch for its files (None: it does): its records must be readable,
+    held once, and all of this run (``run_id`` and the config hash its id ends with)."""
+    if run_id not in cache:
+        from kvbench.results import RunStore
+
+        why = None
+        try:
+            records = RunStore(root, run_id).load_records(quiet=True)
+        except KVBenchError as exc:
+            records, why = [], str(exc)
+        suffix = run_id.rsplit("-", 1)[-1]
+        other = next((r for r in records if r.get("config_hash") != suffix or r.get("run_id", run_id) != run_id), None)
+        if why is None and not (root / "runs" / run_id / "records.jsonl").is_file():
+            why = "its run has no records.jsonl"
+        elif why is None and other is not None:
+            why = (f"its run's records.jsonl holds a record of run {printable(other.get('run_id'))!r}, config "
+                   f"{printable(other.get('config_hash'))!r}")
+        cache[run_id] = why
+    return cache[run_id]
+
+
+def _store_matches_run(root: Path, rel: str) -> str | None:
+    """Why ``store/<run-id>.parquet`` is not its run's own snapshot (None: it is): every record in it must be
+    a record of ``runs/<run-id>/records.jsonl``, agreeing on every measured field."""
+    import pandas as pd
+
+    from kvbench.results import RECORD_KEY, RunStore, disagreement, flatten_for_store, record_key
+
+    run_id = Path(rel).stem
+    try:
+        stored = pd.read_parquet(root / rel)
+    except Exception:
+        return "not a readable parquet file"
+    records = RunStore(root, run_id).load_records(quiet=True)
+    own = {record_key(r): r for r in flatten_for_store(pd.DataFrame(records)).to_dict("records")} if records else {}
+    for row in stored.to_dict("records"):
+        mine = own.get(tuple(row.get(k) for k in RECORD_KEY))
+        if mine is None:
+            return (f"sample {printable(row.get('sample_id'))!r}, strategy {printable(row.get('strategy'))!r} is in "
+                    f"no record of runs/{run_id}/records.jsonl")
+        field_ = disagreement(mine, row)
+        if field_ is not None:
+            return (f"{field_} of sample {printable(row.get('sample_id'))!r}, strategy "
+                    f"{printable(row.get('strategy'))!r} differs from runs/{run_id}/records.jsonl")
+    return None
+
+
+RUN_FILES = ("records.jsonl", "config.yaml", "environment.json", "identity.json", "summary.csv")
+
+
+def unvouched(root: Path, listed: dict[str, str] | None, accept: list[str] | None = None) -> list[str]:
+    """The files of ``root`` that nothing vouches for, each with why: a file may be sealed when the manifest it is
+    checked against (``listed``) has it with its hash, when ``accept`` names it, or when its run vouches for it —
+    a run's own files (its records all of that run), a store file that is exactly its run's records (the
+    snapshot a run writes when it ends), a stored baseline sealed by this machine's kvbench. Anything else (a
+    store file no run wrote, a parquet whose scores differ from its run's records, a file kvbench never writes)
+    is unknown."""
+    accept = set(accept or [])
+    runs: dict[str, str | None] = {}
+    out = []
+    for rel in results_files(root):
+        if rel in accept or (listed is not None and listed.get(rel) == sha256_file(root / rel)):
+            continue
+        parts = rel.split("/")
+        why: str | None = "kvbench never writes such a file"
+        if parts[0] == "runs" and len(parts) == 3 and parts[2] in RUN_FILES:
+            why = _run_vouches(root, parts[1], runs)
+        elif parts[0] == "store" and len(parts) == 2 and rel.endswith(".parquet"):
+            if (root / "runs" / Path(parts[1]).stem / "records.jsonl").is_file():
+                why = _run_vouches(root, Path(parts[1]).stem, runs) or _store_matches_run(root, rel)
+            else:
+                why = "no run of this tree wrote it"
+        elif parts[0] == "baselines":
+            from kvbench.baselines import sealed_here
+
+            why = None if sealed_here(root / rel) else "a baseline not sealed by this machine's kvbench"
+        if why:
+            out.append(f"{printable(rel)} ({why})")
+    return out
+
+
+def seal(root: Path, against: Path | None = None, accept: list[str] | None = None) -> Path:
+    """``kvbench verify --write``: write the manifest only for a tree whose every file is vouched for
+    (:func:`unvouched`, checked against ``against`` — the committed manifest — or the tree's own), that holds no
+    record twice and no link or hidden file. Otherwise one :class:`KVBenchError` naming what is unknown, and
+    the old manifest stays: publishing never seals a forged file into the answer."""
+    if against is not None and not against.is_file():
+        raise KVBenchError(f"--against {printable(against)} is not a file")
+    listed = read_listing(against if against is not None else root / MANIFEST)
+    files = results_files(root)
+    found = duplicates(root, files)
+    if found:
+        raise KVBenchError(found[0])
+    bad = unvouched(root, listed, accept)
+    if bad:
+        shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise KVBenchError(
+            f"refusing to seal {printable(root)}: {len(bad)} file(s) are neither in the manifest it was checked "
+            f"against nor vouched for by the run that wrote them: {shown} — remove what does not belong (a file "
+            "you made yourself, e.g. an lm-eval import, is sealed with --accept <path>)")
+    return write_manifest(root)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvbench verify",
@@ -154,7 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "baselines/ with its sha256): names every unlisted, missing or altered file, exit 2 if any.")
     p.add_argument("--results-dir", default="results", help="the directory to check (default results)")
     p.add_argument("--write", action="store_true",
-                   help=f"(re)write {MANIFEST} for the tree as it is now (what publishing does)")
+                   help=f"(re)write {MANIFEST} for the tree as it is now (what publishing does); refused when a "
+                        "file is neither in the manifest checked against nor vouched for by the run that wrote it")
+    p.add_argument("--against", default=None, metavar="MANIFEST",
+                   help=f"with --write: the manifest to check the tree against (publishing passes the committed "
+                        f"one; default the tree's own {MANIFEST})")
+    p.add_argument("--accept", action="append", default=[], metavar="PATH",
+                   help="with --write: a file (relative to the results directory) you vouch for yourself, such as "
+                        "an lm-eval import; repeatable")
     return p
 
 
@@ -166,14 +282,14 @@ def main(argv: list[str] | None = None) -> int:
         if not root.is_dir():
             raise KVBenchError(f"--results-dir {args.results_dir!r} is not a directory")
         if args.write:
-            path = write_manifest(root)
+            path = seal(root, Path(args.against) if args.against else None, args.accept)
             print(f"{path}: {len(tracked_files(root))} file(s)")
             return 0
         result = verify(root)
         if not result.ok:
             raise KVBenchError(result.problem())
     except KVBenchError as exc:
-        print(f"kvbench verify: error: {exc}", file=sys.stderr)
+        print(f"kvbench verify: error: {safe_message(exc)}", file=sys.stderr)
         return 2
     print(f"{root}: {result.files} file(s) match {MANIFEST}")
     return 0

@@ -50,8 +50,8 @@ def check_output_dir(value: object, what: str = "results_dir") -> Path:
     system = [d for d in SYSTEM_DIRS if resolved.is_relative_to(d)]
     if system or resolved == Path("/"):
         where = f"inside the system directory {system[0]}" if system else "the root directory"
-        raise KVBenchError(f"{what}={text!r} is {where}; kvbench writes runs, store and baselines under it — choose "
-                           f"a directory of your own ({what}=results)")
+        raise KVBenchError(f"{what}={text!r} is {where}; kvbench writes its files under it — choose a directory of "
+                           f"your own ({what}=results)")
     ancestor = resolved
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent

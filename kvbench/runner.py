@@ -174,12 +174,19 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
     records = store.load_records()
     complete = {r["sample_id"] for r in records if r.get("strategy") in labels}
     pending = claims.elsewhere - complete
-    if pending:
-        warn(f"{len(pending)} sample(s) are still being computed by another worker; rerun to include them")
     summary = summarize(pd.DataFrame([r for r in records if r.get("strategy") in labels]))
     store.write_outputs(summary)
     print_table(summary)
     print(f"results: {store.dir}")
+    if pending:  # the run is not done: say so in its exit status, not only in a line a script never reads
+        from kvbench.results.claims import OWNER_EXPIRY_SECONDS
+
+        holders = sorted({claims.held_by.get(sid, "an unknown owner") for sid in pending})
+        raise KVBenchError(
+            f"{len(pending)} sample(s) left undone: claimed by another worker ({', '.join(holders[:3])}"
+            f"{' ...' if len(holders) > 3 else ''}); the finished ones are stored — rerun once it is done (a claim "
+            f"nobody refreshes expires after {OWNER_EXPIRY_SECONDS / 60:.0f} min, or at once when its process is "
+            "dead on this host)")
     summary.attrs["run_dir"] = str(store.dir)  # a multirun job dir points here (kvbench.cli)
     return summary
 

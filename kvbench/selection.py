@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from kvbench.errors import KVBenchError
-from kvbench.results import stable_hash
+from kvbench.results import safe_message, stable_hash
 from kvbench.vocab import SETTINGS, sample_depth, setting_of
 
 #: Fields that must hold a single value among the records ranked together, with the flag selecting one.
@@ -242,7 +242,7 @@ def run_cli(command: str, parser: argparse.ArgumentParser, argv: list[str] | Non
     try:
         paths = produce(args)
     except KVBenchError as exc:
-        print(f"kvbench {command}: error: {exc}", file=sys.stderr)
+        print(f"kvbench {command}: error: {safe_message(exc)}", file=sys.stderr)
         return 2
     for path in paths:
         print(path)

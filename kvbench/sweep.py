@@ -386,7 +386,9 @@ def main(argv: list[str] | None = None) -> int:
         _check_launcher(sweep.launcher)
         jobs = describe_jobs(sweep)
     except KVBenchError as exc:
-        print(f"kvbench: error: {exc}", file=sys.stderr)
+        from kvbench.results import safe_message
+
+        print(f"kvbench: error: {safe_message(exc)}", file=sys.stderr)
         return 2
     par = parallelism(sweep)
     n_rounds = args.rounds or rounds_needed(sweep, jobs)

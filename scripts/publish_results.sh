@@ -7,13 +7,27 @@
 # the claim-focused headline sweep (scripts/reproduce_headline.sh). Both are spec v1.2 records; each directory is
 # ranked on its own (a store of two spec versions is refused: the leaderboard never ranks them together).
 # LEADERBOARD_CMD and HEADLINE_CMD name the commands that measured each store (printed under each table).
-# Each directory's MANIFEST.sha256 is rewritten first (the sha256 of every file of runs/, store/, baselines/), and
-# the leaderboard runs --strict against it: `kvbench verify --results-dir DIR` later names every file added,
-# removed or edited after publishing.
+# Each directory is sealed first: its MANIFEST.sha256 (the sha256 of every file of runs/, store/, baselines/) is
+# rewritten only when every file is in the committed manifest (git HEAD's; the tree's own outside git) or vouched
+# for by the run that wrote it (kvbench verify --write --against): a forged, hidden or linked file stops the
+# publish before it can become an answer line. The leaderboard then runs --strict against it, and `kvbench verify
+# --results-dir DIR` later names every file added, removed or edited after publishing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 export PYTHONPATH=${PYTHONPATH:-.}
+COMMITTED="$(mktemp)"
+trap 'rm -f "$COMMITTED"' EXIT
+seal() {  # seal DIR: verify against the committed manifest, then write the new one (exit 2 naming what is unknown)
+  if git cat-file -e "HEAD:$1/MANIFEST.sha256" 2>/dev/null; then
+    git show "HEAD:$1/MANIFEST.sha256" >"$COMMITTED"
+  elif [[ -f "$1/MANIFEST.sha256" ]]; then
+    cp "$1/MANIFEST.sha256" "$COMMITTED"
+  else
+    : >"$COMMITTED"
+  fi
+  "$PY" -m kvbench verify --write --against "$COMMITTED" --results-dir "$1"
+}
 shot() {  # what a reader sees in a browser at 1400 px, next to the page
   local chrome
   chrome="$(command -v chromium || command -v chromium-browser || true)"
@@ -21,13 +35,13 @@ shot() {  # what a reader sees in a browser at 1400 px, next to the page
   "$chrome" --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,1000 \
     --screenshot="$1/leaderboard.png" "file://$(cd "$1" && pwd)/leaderboard.html" 2>/dev/null
 }
-"$PY" -m kvbench verify --write --results-dir results
+seal results
 "$PY" -m kvbench leaderboard --strict --results-dir results --model smollm2-135m --hardware cpu --spec-version 1.2 --plots \
   --measured-by "${LEADERBOARD_CMD:-scripts/reproduce_leaderboard.sh --per-round 8 (rounds of kvbench sweep leaderboard; finished questions are reused)}"
 shot results
 if [[ -d results/headline/store ]]; then
   # Judged by the sweep file's pre-registered looks (spec v1.2 §2.5): every figure is the last complete look's.
-  "$PY" -m kvbench verify --write --results-dir results/headline
+  seal results/headline
   "$PY" -m kvbench leaderboard --strict --results-dir results/headline --model smollm2-135m --hardware cpu \
     --spec-version 1.2 --design headline --plots --measured-by "${HEADLINE_CMD:-scripts/reproduce_headline.sh --per-round 48 (rounds of kvbench sweep headline; finished questions are reused)}"
   "$PY" -m kvbench plan --results-dir results/headline --model smollm2-135m --hardware cpu --spec-version 1.2 \
@@ -36,7 +50,7 @@ if [[ -d results/headline/store ]]; then
 fi
 if [[ -d results/long8k/store ]]; then
   # int8 vs full at 8,000 tokens (conf/sweep/long8k.yaml): whatever rounds finished, with their intervals.
-  "$PY" -m kvbench verify --write --results-dir results/long8k
+  seal results/long8k
   "$PY" -m kvbench leaderboard --strict --results-dir results/long8k --model smollm2-135m --hardware cpu \
     --spec-version 1.2 --measured-by "${LONG8K_CMD:-kvbench sweep long8k --per-round 8 (rounds; finished questions are reused)}"
 fi

@@ -10,19 +10,19 @@ end would, so ``kvbench leaderboard`` sees those samples.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import pandas as pd
 
 from kvbench.report import summarize
 from kvbench.results import RunStore
+from kvbench.results.tree import run_records
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results-dir", default="results")
     args = ap.parse_args()
-    for run_dir in sorted((Path(args.results_dir) / "runs").glob("*/records.jsonl")):
+    for run_dir in run_records(args.results_dir):  # the files every reader reads (links, hidden refused)
         store = RunStore(args.results_dir, run_dir.parent.name)
         records = store.load_records()
         store.write_outputs(summarize(pd.DataFrame(records)))

@@ -136,7 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _write_from_args(args: argparse.Namespace) -> list[Path]:
-    out_dir = Path(args.out_dir or args.results_dir)
+    from kvbench.paths import check_output_dir
+
+    # Held to results_dir's rules before anything is read or written: --out-dir /etc/x wrote into /etc as root.
+    out_dir = check_output_dir(args.out_dir, "--out-dir") if args.out_dir is not None else Path(args.results_dir)
     manifest.check(args.results_dir, strict=args.strict)
     lb = build(read_records(args.results_dir), filters_from_args(args), args.sort, args.reverse, args.depth_key,
                design_from_args(args))

@@ -24,6 +24,41 @@ from kvbench.tasks.metrics import TASK_METRICS
 METRICS: tuple[str, ...] = tuple(TASK_METRICS)
 
 
+def answer_list(value: Any, where: str) -> list[str]:
+    """A row's reference answers as strings — the one reading for every task whose answers come from a file or a
+    dataset (``jsonl``, ``hf``). A string is one answer; a number is the evident string (``4400`` -> ``"4400"``:
+    the model writes digits); a list holds such answers (``null`` entries and blanks dropped). A mapping, a
+    boolean or a nested list has no evident answer and is one :class:`KVBenchError` line naming ``where`` (a
+    mapping used to be scored against its keys). Empty when there is no answer (the caller says what is
+    missing)."""
+    import numbers
+    from collections.abc import Mapping
+
+    def one(v: Any) -> str | None:
+        if v is None or isinstance(v, str):
+            return v
+        if isinstance(v, numbers.Real) and not isinstance(v, bool):
+            if v != v or v in (float("inf"), float("-inf")):
+                raise KVBenchError(f"{where}: an answer is {v!r}, not a value a model can write")
+            return str(int(v)) if isinstance(v, numbers.Integral) else repr(float(v))
+        kind = "a mapping" if isinstance(v, Mapping) else type(v).__name__
+        raise KVBenchError(f"{where}: an answer is {kind} ({str(v)[:40]}); answers are strings or numbers, one or a "
+                           'list: "answers": ["..."] or "answer": "..."')
+
+    if value is None:
+        return []
+    if isinstance(value, Mapping):
+        raise KVBenchError(f"{where}: the answers are a mapping ({str(value)[:40]}), which names no answer; give a "
+                           'string or a list of strings: "answers": ["..."] or "answer": "..."')
+    items = [value] if isinstance(value, str | numbers.Real) else value
+    try:
+        items = list(items)
+    except TypeError:
+        raise KVBenchError(f"{where}: the answers are {type(value).__name__}; give a string or a list of strings") \
+            from None
+    return [a for a in map(one, items) if a is not None and a.strip()]
+
+
 @dataclass
 class Sample:
     sample_id: str

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.errors import KVBenchError
-from kvbench.tasks.base import Sample, TaskInputs, register_task
+from kvbench.tasks.base import Sample, TaskInputs, answer_list, register_task
 from kvbench.tasks.metrics import TEXT_METRICS
 from kvbench.tasks.shared import Context, Question, group_by_text, qa_samples, sharing
 from kvbench.tasks.suite import option
@@ -226,9 +226,7 @@ def _field(cfg: Any, preset: str, role: str, columns: list[str], required: bool)
 
 
 def _answers(value: Any, i: int) -> list[str]:
-    if isinstance(value, str | int | float):
-        value = [value]
-    answers = [str(a) for a in (value or []) if a is not None and str(a).strip()]
+    answers = answer_list(value, f"row {i} of the hf task")
     if not answers:
         raise KVBenchError(f"row {i} of the hf task has no answers")
     return answers

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.errors import KVBenchError
-from kvbench.tasks.base import Sample, TaskInputs, register_task
+from kvbench.tasks.base import Sample, TaskInputs, answer_list, register_task
 from kvbench.tasks.metrics import TEXT_METRICS
 from kvbench.tasks.shared import Context, Question, group_by_text, qa_samples, sharing
 from kvbench.tasks.suite import option
@@ -68,9 +68,7 @@ def _answers(row: dict[str, Any], i: int) -> list[str]:
     value = row.get("answers")
     if value is None:
         value = row.get("answer")
-    if isinstance(value, str):
-        value = [value]
-    answers = [str(a) for a in (value or []) if a is not None and str(a).strip()]
+    answers = answer_list(value, f"row {i} of the jsonl task")
     if not answers:
         raise KVBenchError(f"row {i} of the jsonl task has no 'answers' (list) or 'answer' (string)")
     return answers

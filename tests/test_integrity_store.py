@@ -1,4 +1,5 @@
-"""Integrity: one run stores each (config, sample, strategy) once (issue 49, item 3).
+"""Integrity: the run store — each (config, sample, strategy) stored once (issue 49, item 3), and the records a
+resumed run keeps checked by the leaderboard's rule (issue 53, item 5).
 
 ``results/long8k`` held context 004 twice: a second worker, whose pid namespace differed from the first's under
 the same host name, took the first's live claim for a dead one's and stored the sample again (``full`` from the
@@ -193,3 +194,35 @@ def test_the_leaderboard_refuses_an_unpublished_run_holding_a_record_twice(capsy
     code, err = _leaderboard(capsys, "--results-dir", str(results), "--out-dir", str(tmp_path / "lb"))
     assert code == 2 and len(err) == 1, err
     assert "records.jsonl holds sample" in err[0] and "twice" in err[0]
+
+
+# ------------------------------------------------------------------------------- resume checks what it keeps
+
+
+def _edit_first(records: Path, **changes) -> None:
+    lines = records.read_text().splitlines()
+    first = json.loads(lines[0])
+    first.update(changes)
+    records.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"score": float("nan")}, "'score' is nan"),  # today: a traceback on resume
+    ({"kv_bytes": -5}, "'kv_bytes' is -5"),  # today: published into the parquet store
+    ({"sample_meta": [1, 2]}, "'sample_meta'"),
+    ({"score": "1.0"}, "'score' is '1.0'"),
+])
+def test_resume_refuses_a_record_the_leaderboard_would_refuse(capsys, tmp_path, qa, changes, field):
+    results = tmp_path / "results"
+    args = _base(results, qa, "engine.max_new_samples=1")
+    code, err, out = kvbench(capsys, *args)
+    assert code == 0, err
+    run = _run_dir(out)
+    _edit_first(run / "records.jsonl", **changes)
+    store = results / "store" / f"{run.name}.parquet"
+    before = store.read_bytes()
+    code, err, _ = kvbench(capsys, *_base(results, qa))
+    assert code == 2 and len(err) == 1, err
+    assert "records.jsonl: field " + field in err[0] and "in the record of sample 'jsonl/q1'" in err[0]
+    assert store.read_bytes() == before  # nothing published from it
+    assert len((run / "records.jsonl").read_text().splitlines()) == 2  # nor anything computed on top of it
