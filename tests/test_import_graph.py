@@ -101,3 +101,17 @@ def test_no_import_circle():
 def test_no_back_edge_into_the_layers_above(package):
     cycle = _cycle(_collapsed(import_graph(), package))
     assert cycle is None, f"back-edge: {package} imports a module that imports {package}: " + " -> ".join(cycle or [])
+
+
+def test_every_package_ships_in_the_wheel():
+    """Every directory of kvbench/ holding an ``__init__.py`` is named in pyproject's ``packages``: a new subpackage
+    left out installs a wheel whose imports fail (``kvbench.results`` once did, only in CI's fresh-venv check)."""
+    import tomllib
+
+    declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for init in (ROOT / "kvbench").rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert found - declared == set(), f"pyproject.toml's packages misses {sorted(found - declared)}"
