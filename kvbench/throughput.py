@@ -175,6 +175,10 @@ class Built:
     strategy: Any
     cache: Any
     compress_s: float
+    # Working sets measured so far, by batch size: each size is measured once per sequence, so the capacity search
+    # and everything reported from it read one figure (the profiler's peak varies a little between calls, with the
+    # allocator's state, and a size re-measured could otherwise disagree with the decision made on it).
+    measured: dict[int, dict[str, int]] = field(default_factory=dict, repr=False)
 
 
 def synthetic_cache(strategy: Any, config: Any, context: int, chunk: int, dtype: torch.dtype, device: str,
@@ -316,12 +320,15 @@ class Bench:
         return [[int(x)] for x in logits[:, -1].argmax(-1)]
 
     def working_set(self, built: Built, rows: int) -> dict[str, int]:
-        """The measured working set of ``rows`` copies decoding one step together (after their question)."""
+        """The measured working set of ``rows`` copies decoding one step together (after their question), measured
+        once per size (:attr:`Built.measured`)."""
         from kvbench.footprint import decode_working_set
 
-        cache, _, _, tokens = self.batch(built, rows)
-        return decode_working_set(self.lm.model, cache, lambda: self.step(cache, built.strategy, tokens),
-                                  self.device)
+        if rows not in built.measured:
+            cache, _, _, tokens = self.batch(built, rows)
+            built.measured[rows] = decode_working_set(self.lm.model, cache,
+                                                      lambda: self.step(cache, built.strategy, tokens), self.device)
+        return dict(built.measured[rows])
 
     def capacity(self, built: Built, available: int, single: dict[str, int]) -> tuple[int, dict[str, int]]:
         """The largest batch (at most ``max_batch``) whose measured working set fits ``available`` bytes.
