@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerate every committed table, claim check and plot from the stores already measured — nothing is run.
 #
-#   scripts/publish_results.sh             # results/ (all 18 strategies), results/headline/, results/long8k/
+#   scripts/publish_results.sh             # results/ (all 18 strategies), results/headline/, results/long8k/,
+#                                          # results/confirm/ (the confirmatory study)
 #
 # results/store holds the leaderboard sweep (scripts/reproduce_leaderboard.sh, in rounds); results/headline/store
 # the claim-focused headline sweep (scripts/reproduce_headline.sh). Both are spec v1.2 records; each directory is
@@ -53,4 +54,14 @@ if [[ -d results/long8k/store ]]; then
   seal results/long8k
   "$PY" -m kvbench leaderboard --strict --results-dir results/long8k --model smollm2-135m --hardware cpu \
     --spec-version 1.2 --measured-by "${LONG8K_CMD:-kvbench sweep long8k --per-round 8 (rounds; finished questions are reused)}"
+fi
+if [[ -d results/confirm/store ]]; then
+  # The confirmatory study (conf/design/confirm.yaml, registered before the store's first record): judged only at
+  # the design's looks; until the first look is complete the page says so and judges nothing.
+  seal results/confirm
+  "$PY" -m kvbench leaderboard --strict --results-dir results/confirm --model smollm2-135m --hardware cpu \
+    --spec-version 1.2 --design confirm --plots --measured-by "${CONFIRM_CMD:-kvbench sweep confirm (rounds of 16 questions per job; finished questions are reused)}"
+  "$PY" -m kvbench plan --results-dir results/confirm --model smollm2-135m --hardware cpu --spec-version 1.2 \
+    --design confirm > results/confirm/plan.txt
+  shot results/confirm
 fi

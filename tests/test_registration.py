@@ -170,3 +170,15 @@ def test_the_committed_design_lists_every_look_published_before_the_first_design
         looks.append(min(per_task))
     declared = yaml.safe_load(HEADLINE_DESIGN.read_text())["post_hoc"]["earlier_looks"]
     assert sorted(looks) == declared
+
+
+def test_every_committed_page_of_the_post_hoc_headline_says_exploratory_first():
+    # The headline's design was registered after its records: each page that shows its verdicts says so before
+    # any verdict, naming the design file by its current content hash.
+    sha = registration.content_hash(yaml.safe_load(HEADLINE_DESIGN.read_text()))[:12]
+    for page in ("leaderboard.md", "claim_check.md"):
+        text = (ROOT / "results" / "headline" / page).read_text()
+        first_verdict = min(i for i in (text.find("holds"), text.find("fails"), len(text)) if i >= 0)
+        banner = text.find("**Exploratory (post hoc design)**")
+        assert 0 <= banner < first_verdict, page
+        assert f"`headline.yaml` (sha256 {sha}" in text[banner:first_verdict], page  # code, not escaped backticks

@@ -38,6 +38,11 @@ def render_claims(check: ClaimCheck) -> str:
     """``claim_check.md``: tables and sentences generated from ``check``."""
     m = check.meta
     lines = ["# Claim check", ""]
+    d = check.design
+    if d is not None and d.registered and d.post_hoc:  # what kind of evidence this is comes first
+        lines += [f"**Exploratory (post hoc design)**: the design judging this store, {d.registered}, was "
+                  "registered after its records were in; its verdicts describe these data and are not a "
+                  "confirmatory test (why: \"Pre-registration\" below).", ""]
     if m:
         lines += [f"Model **{m.get('model', '?')}**, measurement spec v{m.get('spec_version', '?')}, hardware "
                   f"profile {m.get('hardware', '?')}, dtype {m.get('dtype', '?')}; {m.get('records', '?')} "

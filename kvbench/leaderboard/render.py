@@ -155,11 +155,13 @@ def _standing(lb: Leaderboard, style: type = fmt.Markdown) -> list[str]:
     d = lb.design
     if d is None or not d.registered:
         return []
+    # d.registered is Markdown already (the file name as code); other styles get it as plain, escaped text
+    reg = d.registered if style is fmt.Markdown else style.text(d.registered.replace("`", ""))
     if d.post_hoc:
         return [f"{style.bold('Exploratory (post hoc design)')}: the design judging this store, "
-                f"{style.text(d.registered)}, was registered after its records were in; its verdicts describe "
+                f"{reg}, was registered after its records were in; its verdicts describe "
                 "these data and are not a confirmatory test (the reason is in the claim check)."]
-    return [f"{style.bold('Confirmatory')}: judged by the design {style.text(d.registered)}, registered before "
+    return [f"{style.bold('Confirmatory')}: judged by the design {reg}, registered before "
             "the store's first record; verdicts only at its pre-registered looks."]
 
 
