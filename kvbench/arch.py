@@ -37,8 +37,10 @@ hybrids           linear-attention / state-space layers (Qwen3-Next, Jamba, Mini
                   own cache class is honoured); each layer is judged by its type, so their linear blocks'
                   query projections are not taken for attention; strategies hold the attention layers only,
                   and the state's bytes are reported beside the KV bytes. Falcon-H1 (attention and Mamba side
-                  by side in one layer) is refused
-latent attention  DeepSeek-V2/V3's (Kimi-Linear's) MLA: transformers caches the compressed latent (keys slot) and
+                  by side in one layer) is refused, as is DeepSeek-V3.2's indexed (sparse) attention, whose
+                  indexer keeps keys of its own
+latent attention  DeepSeek-V2/V3's (Kimi-Linear's, MiniCPM3's, GLM-4.7-Flash's, LongCat-Flash's: two per layer, low-rank
+                  queries scaled by ``mla_scale_q_lora``) MLA: transformers caches the compressed latent (keys slot) and
                   the one shared rotary key (values slot) per token, so kvbench's stores hold exactly those;
                   queries come from the (low-rank) projection with RoPE on their rotary part, and query/key
                   heads may be wider than value heads (DeepSeek-V3: 192 and 128); strategies
@@ -324,6 +326,9 @@ class AttentionAdapter:
         m = self.module
         if self._rope_dims is not None and getattr(m, "q_a_proj", None) is not None:  # MLA's low-rank queries
             q = m.q_b_proj(m.q_a_layernorm(m.q_a_proj(hidden)))
+            # LongCat-Flash scales its low-rank queries by sqrt(hidden / q_lora_rank) before RoPE (a rotation is
+            # linear: scaling before the split and rotation is the same).
+            q = q * getattr(m, "mla_scale_q_lora", 1.0)
             return q.view(*hidden.shape[:-1], -1, self.head_dim).transpose(1, 2)
         # A fused projection's queries are its first num_heads * head_dim outputs (Phi-3).
         q = m.q_proj(hidden) if hasattr(m, "q_proj") else m.qkv_proj(hidden)[..., : self.num_heads * self.head_dim]

@@ -133,6 +133,12 @@ FAMILIES: dict[str, tuple[Any, Any, dict[str, Any]]] = {
                       {**MOE, "num_key_value_heads": 2, "kv_lora_rank": 64, "q_lora_rank": 48, "qk_rope_head_dim": 32,
                        "qk_nope_head_dim": 96, "v_head_dim": 128, "n_routed_experts": 2, "first_k_dense_replace": 1,
                        "n_group": 1, "topk_group": 1}),
+    # two MLA sublayers per decoder layer (cache layers 2i, 2i + 1), low-rank queries scaled before RoPE
+    "longcat_flash": (tf.LongcatFlashConfig, tf.LongcatFlashForCausalLM,
+                      {"num_layers": 1, "num_key_value_heads": 2, "kv_lora_rank": 64, "q_lora_rank": 48,
+                       "qk_rope_head_dim": 32, "qk_nope_head_dim": 64, "v_head_dim": 64, "head_dim": 32,
+                       "ffn_hidden_size": 128, "expert_ffn_hidden_size": 32, "n_routed_experts": 4,
+                       "zero_expert_num": 1, "moe_topk": 2}),
     # plain GQA with value heads narrower than query/key heads at MiMo-V2-Flash's real widths (192/128), twice the
     # KV heads and learned sinks on its sliding layers
     "mimo_v2_flash": (tf.MiMoV2FlashConfig, tf.MiMoV2FlashForCausalLM,
@@ -156,6 +162,13 @@ REFUSED: dict[str, tuple[Any, Any, dict[str, Any], str]] = {
     "falcon_h1": (tf.FalconH1Config, tf.FalconH1ForCausalLM,
                   {"mamba_d_ssm": 64, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 8, "mamba_n_groups": 1},
                   "attention and a state-space block in parallel in one layer"),
+    # DeepSeek-V3.2's sparse attention: a lightning indexer picks the tokens each query reads, from a key cache of
+    # its own beside MLA's (transformers' "indexed_attention" layers)
+    "deepseek_v32": (tf.DeepseekV32Config, tf.DeepseekV32ForCausalLM,
+                     {**MOE, "num_key_value_heads": 2, "kv_lora_rank": 64, "q_lora_rank": 48, "qk_rope_head_dim": 32,
+                      "qk_nope_head_dim": 64, "v_head_dim": 64, "n_routed_experts": 2, "first_k_dense_replace": 1,
+                      "n_group": 1, "topk_group": 1, "index_n_heads": 2, "index_head_dim": 32, "index_topk": 16},
+                     "layer type(s) indexed_attention are not supported"),
 }
 NAMES = strategies.available()
 
