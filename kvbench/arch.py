@@ -37,13 +37,19 @@ hybrids           linear-attention / state-space layers (Qwen3-Next, Jamba, Mini
                   own cache class is honoured); each layer is judged by its type, so their linear blocks'
                   query projections are not taken for attention; strategies hold the attention layers only,
                   and the state's bytes are reported beside the KV bytes. Falcon-H1 (attention and Mamba side
-                  by side in one layer) is refused
-latent attention  DeepSeek-V2/V3's (Kimi-Linear's) MLA: transformers caches the compressed latent (keys slot) and
+                  by side in one layer) is refused, as is DeepSeek-V3.2's indexed (sparse) attention, whose
+                  indexer keeps keys of its own
+latent attention  DeepSeek-V2/V3's (Kimi-Linear's, MiniCPM3's, GLM-4.7-Flash's, LongCat-Flash's: two per layer, low-rank
+                  queries scaled by ``mla_scale_q_lora``) MLA: transformers caches the compressed latent (keys slot) and
                   the one shared rotary key (values slot) per token, so kvbench's stores hold exactly those;
                   queries come from the (low-rank) projection with RoPE on their rotary part, and query/key
                   heads may be wider than value heads (DeepSeek-V3: 192 and 128); strategies
                   that score with queries or give keys and values one shape are refused
                   (:func:`strategy_refusal`)
+value width       value heads of another width than query/key heads: narrower in MLA (DeepSeek-V3: 192/128)
+                  or in plain GQA (MiMo-V2-Flash: the same widths, more KV heads on its sliding layers), read
+                  from the ``k_proj`` / ``v_proj`` widths; attention outputs and stores' value rows take the
+                  value width, and the fused reader leaves such steps to the blocks
 ================  =======================================================================================
 """
 
@@ -91,11 +97,13 @@ GATED_Q = "a gated query projection (q_proj also yields an output gate)"
 PARALLEL_HYBRID = "attention and a state-space block in parallel in one layer"
 MLA = "multi-head latent attention (the cache holds a compressed KV latent and one shared rotary key)"
 RECURRENT = "linear-attention / state-space layers (a recurrent state instead of K/V)"
+VALUE_WIDTH = "value heads of another width than query/key heads"
 
 #: Every capability the test matrix verifies on tiny checkpoints (``tests/test_arch_matrix.py`` checks that
 #: each is used by at least one family there, so nothing here is claimed unverified).
 VERIFIED = frozenset({Q_PROJ, QKV_PROJ, Q_NORM_HEAD, Q_NORM_FULL, ROPE, ROPE_COMPLEX, NOPE, L2_NORM, TEMPERATURE,
-                      GLOBAL, SLIDING_WINDOW, CHUNKED_ATTENTION, SOFTCAP, SINKS, GATED_Q, RECURRENT, MLA})
+                      GLOBAL, SLIDING_WINDOW, CHUNKED_ATTENTION, SOFTCAP, SINKS, GATED_Q, RECURRENT, MLA,
+                      VALUE_WIDTH})
 
 _PROJECTIONS = ("q_proj", "qkv_proj", "kv_a_proj_with_mqa")  # separate, fused, MLA's latent projection
 
@@ -318,6 +326,9 @@ class AttentionAdapter:
         m = self.module
         if self._rope_dims is not None and getattr(m, "q_a_proj", None) is not None:  # MLA's low-rank queries
             q = m.q_b_proj(m.q_a_layernorm(m.q_a_proj(hidden)))
+            # LongCat-Flash scales its low-rank queries by sqrt(hidden / q_lora_rank) before RoPE (a rotation is
+            # linear: scaling before the split and rotation is the same).
+            q = q * getattr(m, "mla_scale_q_lora", 1.0)
             return q.view(*hidden.shape[:-1], -1, self.head_dim).transpose(1, 2)
         # A fused projection's queries are its first num_heads * head_dim outputs (Phi-3).
         q = m.q_proj(hidden) if hasattr(m, "q_proj") else m.qkv_proj(hidden)[..., : self.num_heads * self.head_dim]
@@ -381,11 +392,23 @@ def _rope_capability(rotary: Rotary | None) -> str:
     return NOPE if rotary is None else ROPE_COMPLEX if rotary.complex else ROPE
 
 
+def _value_width_differs(module: nn.Module) -> bool:
+    """Its value heads are not as wide as its query/key heads (DeepSeek-V3's MLA: 192 and 128; MiMo-V2-Flash's
+    GQA: the same), read from the projections that write them: the attention's output and the stores' value
+    rows then have the value width."""
+    if _mla(module):
+        v = getattr(module, "v_head_dim", None)
+        return v is not None and int(v) != int(module.qk_head_dim)
+    k, v = getattr(module, "k_proj", None), getattr(module, "v_proj", None)
+    return isinstance(k, nn.Linear) and isinstance(v, nn.Linear) and k.out_features != v.out_features
+
+
 def layer_capabilities(module: nn.Module, kind: LayerKind, config: Any, rotary: Rotary | None) -> list[str]:
     """The attention features one layer uses (names from this module's constants)."""
     window = {FULL: GLOBAL, SLIDING: SLIDING_WINDOW, CHUNKED: CHUNKED_ATTENTION}[kind.attention]
+    widths = [VALUE_WIDTH] if _value_width_differs(module) else []
     if _mla(module):  # DeepSeek-V2/V3, Kimi-Linear: queries from a (low-rank) projection, RoPE on part of a head
-        return [MLA, _rope_capability(rotary), window]
+        return [MLA, _rope_capability(rotary), window, *widths]
     caps = [QKV_PROJ if not hasattr(module, "q_proj") and hasattr(module, "qkv_proj") else Q_PROJ]
     heads, head_dim = int(config.num_attention_heads), getattr(module, "head_dim", None)
     proj = getattr(module, "q_proj", None)
@@ -404,7 +427,7 @@ def layer_capabilities(module: nn.Module, kind: LayerKind, config: Any, rotary: 
         caps.append(SOFTCAP)
     if isinstance(getattr(module, "sinks", None), torch.Tensor):
         caps.append(SINKS)
-    return caps
+    return caps + widths
 
 
 def capabilities(model: nn.Module) -> dict[str, list[int]]:

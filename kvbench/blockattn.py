@@ -136,7 +136,8 @@ def attend(query: torch.Tensor, keys: TokenRun, values: TokenRun, mask: torch.Te
            scaling: float, softcap: float | None = None, block: int | None = None) -> torch.Tensor:
     """Attention of ``query`` ``[b, q_heads, q, d]`` over the tokens of ``keys``/``values``, block by block.
 
-    Returns ``[b, q_heads, q, d]`` in the query's dtype. ``mask``: ``None`` (every token visible to every
+    Returns ``[b, q_heads, q, dv]`` in the query's dtype, ``dv`` the values' width (``d`` but where value heads
+    are narrower than query/key heads: MiMo-V2-Flash's 192/128). ``mask``: ``None`` (every token visible to every
     query), boolean (True = visible) or additive, broadcastable as ``[b, 1 or q_heads, q, tokens]``.
     """
     block = block or BLOCK_TOKENS
@@ -210,7 +211,7 @@ def _sdpa(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
             mask = mask.reshape(mask.shape[0], hq // g, g, mask.shape[-1])
         out = torch.nn.functional.scaled_dot_product_attention(query.reshape(b, hq // g, g, d), k, v,
                                                                attn_mask=mask, scale=scaling)
-        return out.reshape(b, hq, 1, d)
+        return out.reshape(b, hq, 1, v.shape[-1])
     return torch.nn.functional.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling,
                                                             enable_gqa=g > 1)
 
@@ -226,7 +227,8 @@ def _one_dense(keys: TokenRun, values: TokenRun, dtype: torch.dtype) -> tuple[to
 
 
 def _out(o: torch.Tensor, query: torch.Tensor, b: int, hq: int, q: int, d: int) -> torch.Tensor:
-    return o.to(query.dtype).reshape(b, hq, q, d)
+    # The values' width, not the query's (MiMo-V2-Flash: 192-wide query/key heads, 128-wide value heads).
+    return o.to(query.dtype).reshape(b, hq, q, o.shape[-1])
 
 
 def compute_dtype(query: torch.Tensor) -> torch.dtype:

@@ -60,6 +60,11 @@ class Fused:
     tg: int = 1
     cg: int = 1
 
+    @property
+    def width(self) -> int:
+        """Channels per row: ``data``'s last dimension, times the codes per byte where codes are packed."""
+        return int(self.data.shape[-1]) * (8 // self.bits if self.bits in (2, 4) else 1)
+
     def flat(self) -> tuple[list[torch.Tensor], list[int]]:
         tensors = [self.data, EMPTY if self.scale is None else self.scale, EMPTY if self.zero is None else self.zero]
         return tensors, [self.bits, MODES.index(self.mode), self.tg, self.cg]
@@ -150,6 +155,10 @@ def attend(qg: torch.Tensor, keys: list[Fused], values: list[Fused], mask: torch
     """
     if not (qg.is_cpu and qg.dtype == torch.float32 and qg.shape[-2] <= MAX_ROWS
             and qg.shape[-1] <= 512 and qg.shape[-1] % 4 == 0):  # head_dim: the kernel's row scratch
+        return None
+    # The kernel reads every key and value row at the query's width: value heads narrower than query/key heads
+    # (MiMo-V2-Flash's 192/128) are read by the blocks.
+    if any(p.width != qg.shape[-1] for p in (*keys, *values)):
         return None
     mod = _kernel()
     if mod is None:

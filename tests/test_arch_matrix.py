@@ -125,6 +125,25 @@ FAMILIES: dict[str, tuple[Any, Any, dict[str, Any]]] = {
                      "qk_rope_head_dim": 32, "qk_nope_head_dim": 64, "v_head_dim": 64,
                      "layer_types": ["linear_attention", "full_attention"], "linear_head_dim": 16,
                      "linear_num_heads": 2}),
+    # MLA at the real widths of MiniCPM3 (query/key 96, values 64) and GLM-4.7-Flash (256 and 256), halved
+    "minicpm3": (tf.MiniCPM3Config, tf.MiniCPM3ForCausalLM,
+                 {"num_key_value_heads": 2, "kv_lora_rank": 64, "q_lora_rank": 48, "qk_rope_head_dim": 16,
+                  "qk_nope_head_dim": 32, "v_head_dim": 32}),
+    "glm4_moe_lite": (tf.Glm4MoeLiteConfig, tf.Glm4MoeLiteForCausalLM,
+                      {**MOE, "num_key_value_heads": 2, "kv_lora_rank": 64, "q_lora_rank": 48, "qk_rope_head_dim": 32,
+                       "qk_nope_head_dim": 96, "v_head_dim": 128, "n_routed_experts": 2, "first_k_dense_replace": 1,
+                       "n_group": 1, "topk_group": 1}),
+    # two MLA sublayers per decoder layer (cache layers 2i, 2i + 1), low-rank queries scaled before RoPE
+    "longcat_flash": (tf.LongcatFlashConfig, tf.LongcatFlashForCausalLM,
+                      {"num_layers": 1, "num_key_value_heads": 2, "kv_lora_rank": 64, "q_lora_rank": 48,
+                       "qk_rope_head_dim": 32, "qk_nope_head_dim": 64, "v_head_dim": 64, "head_dim": 32,
+                       "ffn_hidden_size": 128, "expert_ffn_hidden_size": 32, "n_routed_experts": 4,
+                       "zero_expert_num": 1, "moe_topk": 2}),
+    # plain GQA with value heads narrower than query/key heads at MiMo-V2-Flash's real widths (192/128), twice the
+    # KV heads and learned sinks on its sliding layers
+    "mimo_v2_flash": (tf.MiMoV2FlashConfig, tf.MiMoV2FlashForCausalLM,
+                      {**MOE, "head_dim": 192, "v_head_dim": 128, "sliding_window": WINDOW, "n_routed_experts": 2,
+                       "layer_types": ["full_attention", "sliding_attention"], "n_group": 1, "topk_group": 1}),
     # per-layer head widths (Gemma-4: global layers' heads twice the sliding ones'), a one-tensor rotary call
     "gemma4": (tf.Gemma4TextConfig, tf.Gemma4ForCausalLM,
                {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"],
@@ -143,6 +162,13 @@ REFUSED: dict[str, tuple[Any, Any, dict[str, Any], str]] = {
     "falcon_h1": (tf.FalconH1Config, tf.FalconH1ForCausalLM,
                   {"mamba_d_ssm": 64, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 8, "mamba_n_groups": 1},
                   "attention and a state-space block in parallel in one layer"),
+    # DeepSeek-V3.2's sparse attention: a lightning indexer picks the tokens each query reads, from a key cache of
+    # its own beside MLA's (transformers' "indexed_attention" layers)
+    "deepseek_v32": (tf.DeepseekV32Config, tf.DeepseekV32ForCausalLM,
+                     {**MOE, "num_key_value_heads": 2, "kv_lora_rank": 64, "q_lora_rank": 48, "qk_rope_head_dim": 32,
+                      "qk_nope_head_dim": 64, "v_head_dim": 64, "n_routed_experts": 2, "first_k_dense_replace": 1,
+                      "n_group": 1, "topk_group": 1, "index_n_heads": 2, "index_head_dim": 32, "index_topk": 16},
+                     "layer type(s) indexed_attention are not supported"),
 }
 NAMES = strategies.available()
 
@@ -227,16 +253,24 @@ def test_full_greedy_equals_model_generate(family: str) -> None:
     assert gen.tokens == expected[: len(gen.tokens)] and len(gen.tokens) >= 1
 
 
-def _dense_reference(config: Any, tokens: int) -> int:
-    """Dense 16-bit K/V bytes of ``tokens`` per layer type, from the config alone (MLA: one latent and one shared
-    rotary key per token; Gemma-4: each layer's own head width and KV heads; no bytes for layers without K/V)."""
-    def width(layer: Any) -> int:
+def _dense_reference(model: Any, tokens: int) -> int:
+    """Dense 16-bit K/V bytes of ``tokens`` per layer type, from the config and the K/V projections' widths (MLA:
+    one latent and one shared rotary key per token; Gemma-4: each layer's own head width and KV heads; MiMo-V2-Flash:
+    narrower values, more KV heads on sliding layers; no bytes for layers without K/V)."""
+    config = model.config
+    projections = {m.layer_idx: (m.k_proj, m.v_proj) for m in model.modules()
+                   if isinstance(getattr(m, "k_proj", None), torch.nn.Linear)
+                   and isinstance(getattr(m, "v_proj", None), torch.nn.Linear)}
+
+    def width(i: int, layer: Any) -> int:
         if getattr(config, "kv_lora_rank", None):
             return int(config.kv_lora_rank) + int(config.qk_rope_head_dim)
+        if i in projections:
+            return sum(p.out_features for p in projections[i])
         return 2 * int(layer.num_key_value_heads) * int(layer.head_dim)
 
-    return sum(width(layer) * 2 * (min(tokens, k.window - 1) if k.sliding else tokens)
-               for k, layer in zip(layer_kinds(config), config.per_layer_config, strict=True) if k.kv)
+    return sum(width(i, layer) * 2 * (min(tokens, k.window - 1) if k.sliding else tokens)
+               for i, (k, layer) in enumerate(zip(layer_kinds(config), config.per_layer_config, strict=True)) if k.kv)
 
 
 @cache
@@ -275,7 +309,7 @@ def test_every_strategy_runs_with_honest_bytes(name: str, family: str) -> None:
     result = engine.evaluate(strategy, sample, pre, base.logp)
     rec = result.record
     config = engine.model.config
-    assert rec["kv_bytes_fp16"] == _dense_reference(config, sample.context_tokens)
+    assert rec["kv_bytes_fp16"] == _dense_reference(engine.model, sample.context_tokens)
     assert rec["kv_bytes"] > 0 and rec["generated_tokens"] >= 1
     # Sliding layers keep their dense window (model dtype) whatever the strategy; the strategy holds the rest.
     engine.bind(strategy, sample.prefix_ids)
@@ -480,7 +514,7 @@ def test_a_strategy_refused_on_latent_attention_is_one_line_and_exit_2(tmp_path:
 
 #: Issue 51's families under the CLI's defaults (CPU: bfloat16 weights, float32 GEMMs through kvbench.linear,
 #: kvbench's attention): each runs int8 and snapkv, or refuses snapkv alone (latent attention) while int8 runs.
-CLI_DEFAULTS = ["llama4", "deepseek_v3", "gemma4", "gemma3n", "minimax", "olmo_hybrid", "nemotron_h",
+CLI_DEFAULTS = ["llama4", "deepseek_v3", "gemma4", "gemma3n", "minimax", "olmo_hybrid", "nemotron_h", "mimo_v2_flash",
                 "mistral_long_window"]
 
 

@@ -145,6 +145,35 @@ def test_grouped_function_equals_sdpa_with_a_ragged_boolean_mask():
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("q_len", [1, 5])
+def test_values_narrower_than_queries(q_len):
+    """Value heads narrower than query/key heads (MiMo-V2-Flash's and DeepSeek-V3's 192/128, here 24/16): the
+    attention function, blockattn's SDPA path over one dense tensor and its blocks over int8 codes all return
+    the value width, equal to SDPA's (which takes any value width)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from kvbench import blockattn
+    from kvbench.quantizers import quantize_int8
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, h, n, d, generator=g) for h, n, d in ((6, q_len, 24), (2, 40, 24), (2, 40, 16)))
+    mask = torch.ones(1, 1, q_len, 40, dtype=torch.bool).tril(diagonal=40 - q_len)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 3, True
+    ref, _ = sdpa_attention_forward(module.eval(), q, k, v, mask, scaling=0.3)  # [b, q, heads, 16]
+    out, _ = attention.kvbench_attention_forward(module, q, k, v, mask, scaling=0.3)
+    assert out.shape == ref.shape == (1, q_len, 6, 16)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    run = blockattn.TokenRun
+    dense = blockattn.attend(q, run([blockattn.Dense(k)], 2), run([blockattn.Dense(v)], 2), mask, 0.3)
+    torch.testing.assert_close(dense.transpose(1, 2), ref, atol=1e-5, rtol=1e-5)
+    kq, vq = quantize_int8(k, 8, "token"), quantize_int8(v, 8, "token")
+    coded = blockattn.attend(q, run([kq], 2), run([vq], 2), mask, 0.3, block=16)
+    ref_q, _ = sdpa_attention_forward(module, q, kq.dequantize(torch.float32), vq.dequantize(torch.float32), mask,
+                                      scaling=0.3)
+    torch.testing.assert_close(coded.transpose(1, 2), ref_q, atol=1e-5, rtol=1e-5)
+
+
 def test_auto_picks_by_device_and_bad_choice_names_the_valid_ones():
     assert attention.resolve("auto", "cpu") == "kvbench"
     assert attention.resolve("auto", "cuda:0") == "sdpa"

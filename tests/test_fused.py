@@ -167,6 +167,24 @@ def test_long_queries_and_undescribed_parts_read_blocks():
     assert blockattn.TokenRun([Opaque()], 1).fused() is None
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_values_narrower_than_keys_read_blocks(fmt):
+    """Value rows narrower than key rows (MiMo-V2-Flash: 192 and 128): every format's description names its width
+    (codes packed several to a byte included), and the kernel, which reads every row at the query's width, leaves
+    such a step to the blocks."""
+    g = torch.Generator().manual_seed(3)
+    k, v = torch.randn(1, 2, sum(PIECES), 2 * D, generator=g), torch.randn(1, 2, sum(PIECES), D, generator=g)
+    keys, values = _runs(fmt, k, v, residual=5)
+    fk, fv = keys.fused(), values.fused()
+    assert fk is not None and fv is not None
+    assert {p.width for p in fk} == {2 * D} and {p.width for p in fv} == {D}
+    qg = torch.randn(1, 2, 3, 2 * D, generator=g)
+    assert fused.attend(qg, fk, fk, None, 1, 0.25) is not None  # the same parts at the query's width: the kernel
+    assert fused.attend(qg, fk, fv, None, 1, 0.25) is None
+    out = blockattn.attend(qg.reshape(1, 6, 1, 2 * D), keys, values, None, 0.25)
+    assert out.shape == (1, 6, 1, D)
+
+
 @settings(max_examples=40, deadline=None)
 @given(tokens=st.integers(0, 6), group=st.sampled_from([4, 8, 16]), scale=st.floats(1e-6, 1e4),
        dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), seed=st.integers(0, 2**16))

@@ -74,3 +74,23 @@ def test_float32_models_are_left_alone() -> None:
     model = tiny_llama(seed=0)
     assert Engine(LoadedModel("tiny", model, ByteTokenizer()), linear="float32").linear == "native"
     assert not _patched(model)
+
+
+def test_linear_subclasses_keep_their_own_forward() -> None:
+    """Only plain ``nn.Linear`` is upcast: Llama-4's router (a Linear subclass returning scores and logits) keeps its
+    forward, and a tiny Llama-4 with MoE on every layer runs a bfloat16 forward on the float32 path (issue 51: the
+    replaced router returned one tensor and the MoE block failed to unpack it)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.Llama4TextConfig(vocab_size=256, hidden_size=64, intermediate_size=128, intermediate_size_mlp=128,
+                                 num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                 num_local_experts=2, interleave_moe_layer_step=1, attention_chunk_size=32)
+    model = tf.Llama4ForCausalLM(config).to(torch.bfloat16).eval()
+    routers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and type(m) is not torch.nn.Linear]
+    assert len(routers) == 2  # one per layer: MoE on every layer
+    assert linear.use(model, "float32", "cpu") == "float32"
+    assert _patched(model) and not any("forward" in m.__dict__ for m in routers)
+    with torch.inference_mode():
+        logits = model(input_ids=torch.randint(1, 255, (1, 24))).logits
+    assert logits.shape == (1, 24, 256) and torch.isfinite(logits).all()
