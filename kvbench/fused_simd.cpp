@@ -2,24 +2,27 @@
 //
 // Why a second kernel: the first (fused_attend.cpp) scores one token at a time (a row decoded into scratch, a
 // reduction per row and query), so it takes the same time per token over int8 as over bfloat16: bound by its own
-// per-token work, not by the bytes (results/perf/reader.md). This one works on blocks of 8 tokens:
-// - a block's 8 rows are decoded once into an 8-row scratch that stays in L1, scored against each query row held
-//   in registers (8 independent sums, one horizontal reduction per block: one vector of 8 scores per query row);
+// per-token work, not by the bytes (results/perf/reader.md). This one works on blocks of 32 tokens:
+// - keys are scored 8 at a time (8 independent sums per query row, one horizontal reduction per 8 tokens); rows
+//   of formats without an integer path are decoded once into an 8-row scratch that stays in L1;
 // - one vectorized exponential per block and query row, the online softmax (Milakov & Gimelshein 2018) merged
-//   per block rather than per token;
+//   per block of 32 rather than per token;
 // - int8 keys with one scale per token (the default int8 layout) are scored by integer dot products against the
-//   query quantized to int8 per row (sign trick + vpmaddubsw/vpmaddwd on AVX2, vpdpbusd where the CPU has
-//   VNNI), their scale folded into the score (KIVI's fold, Liu et al. 2024); int8 values are summed by 16-bit
-//   integer products (vpmaddwd over token pairs) against the block's probabilities quantized to 15 bits, the
-//   values' scale folded into those weights;
+//   query rounded to integers per row: the key made unsigned by flipping its sign bit (k + 128, a correction of
+//   128 sum(q) per row), each key vector loaded once for up to four query rows, vpmaddubsw + vpmaddwd on AVX2
+//   (the query in +-63 so the pair sums fit int16), vpdpbusd where the CPU has VNNI (+-127); the key's scale
+//   folds into the score (KIVI's fold, Liu et al. 2024). int8 values are summed against each row's block weights
+//   (probability times the value's scale) rounded to 7 bits of the block's largest, by vpmaddubsw over the block's
+//   rows interleaved by 4 tokens (interleaved once for every query row), the scale folded back per block;
 // - every other format is decoded by the first kernel's decoders (this file includes it: those stay one copy)
-//   and read by the same float block products.
+//   and read by float block products.
 // Flash-decoding's split over chunks and the final merge are the first kernel's. The first kernel is kept as it
 // is (its runs must reproduce); without AVX2 and FMA this module's attend is the first kernel's.
 //
-// The integer paths are not bit-exact against float attention: the query's int8 rounding moves a score by at
-// most 0.5 / 127 of the row's largest |q| times the key row's L1 norm; the weights' 15-bit rounding moves an
-// output by at most 0.5 / 32767 of the block's largest weight per value. tests/test_fused.py bounds both.
+// The integer paths are not bit-exact against float attention: the query's rounding moves a score by at most
+// 0.5 / kQ of the row's largest |q| times the key row's L1 norm; the weights' 7-bit rounding moves an output by at
+// most 32 / 254 of max|v| (half a step of the block's largest weight per token; measured: about 0.1% of max|v|
+// over hundreds of tokens). tests/test_fused.py bounds both.
 #include <torch/extension.h>
 
 #pragma push_macro("PYBIND11_MODULE")
@@ -35,7 +38,13 @@
 
 namespace simd {
 
-constexpr int kB = 8;       // tokens per block: one vector of scores per query row
+constexpr int kB = 32;  // tokens per block: the softmax merged, and int8 weights rounded, once per block
+constexpr int kS = 8;   // tokens per sub-block: one vector of scores per query row
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+constexpr int kQ = 127;  // the query's integers: vpdpbusd sums (k + 128) * q in int32, no saturation
+#else
+constexpr int kQ = 63;  // |q| <= 63: vpmaddubsw's pair sums of (k + 128) * q fit int16 (2 * 255 * 63 < 2^15)
+#endif
 constexpr int kMaxM = 32;   // query rows per KV head (kvbench.fused.MAX_ROWS)
 
 inline __m256 set1(float x) { return _mm256_set1_ps(x); }
@@ -70,6 +79,18 @@ inline __m256i hsum8i(const __m256i* v) {
   const __m256i ab = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
   const __m256i cd = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
   return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20), _mm256_permute2x128_si256(ab, cd, 0x31));
+}
+
+inline __m256i load8(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// acc + the sums of four adjacent products of unsigned bytes u and signed bytes v, per int32 lane: one vpdpbusd
+// with VNNI; on AVX2 vpmaddubsw (pairs into int16; the callers' operands cannot saturate) then vpmaddwd.
+inline __m256i dp(__m256i acc, __m256i u, __m256i v) {
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+  return _mm256_dpbusd_epi32(acc, u, v);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1)));
+#endif
 }
 
 inline float hmax(__m256 v) {
@@ -110,107 +131,130 @@ struct Task {
   float* l;
   float* acc;
   // scratch
-  float* rows;  // [kB, D]
+  float* rows;  // [kS, D]: a sub-block's decoded rows (formats without an integer path)
   float* sbuf;
   float* zbuf;
-  int8_t* qi;   // [M, D] the query as int8 (made when an int8 part is first met)
+  int8_t* qi;   // [M, D] the query as integers of at most kQ (made when an int8 part is first met)
+  __m256i* X;   // [D / 32][kB / 4][4]: an int8 value block interleaved by 4 tokens
   float qa[kMaxM];
+  int32_t qsum[kMaxM];  // 128 times the sum of qi's row: what (k xor 0x80) = k + 128 adds to the dot product
   bool quantized = false;
   alignas(32) float s[kMaxM][kB];
-  float f[kB];
+  alignas(32) float f[kB];
+  float fs[kS];
+  __m256i ibuf[kMaxM][kS];  // int8 keys: per query row and token, eight partial sums of the dot product
 
   void quantize_query() {
     for (int64_t m = 0; m < M; ++m) {
       const float* qm = q + m * D;
       float top = 0.f;
       for (int64_t c = 0; c < D; ++c) top = std::max(top, std::fabs(qm[c]));
-      const float a = top > 0.f ? top / 127.f : 1.f;
+      const float a = top > 0.f ? top / kQ : 1.f;
       qa[m] = a;
-      for (int64_t c = 0; c < D; ++c) qi[m * D + c] = static_cast<int8_t>(std::nearbyint(qm[c] / a));
+      int32_t sum = 0;
+      for (int64_t c = 0; c < D; ++c) sum += qi[m * D + c] = static_cast<int8_t>(std::nearbyint(qm[c] / a));
+      qsum[m] = 128 * sum;
     }
     quantized = true;
   }
 
-  // Decoded rows j0 <= j < j0 + n of part p into rows[0:n] (zeros after), their factors into f.
+  // ibuf[m0 + g][t] for g < G: qi_(m0+g) . (key_t + 128) as eight int32 partial sums. Each key vector is loaded
+  // and made unsigned (its sign bit flipped) once for the G rows.
+  template <int G>
+  void dots_i8(const int8_t* const* r, int64_t m0) {
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    for (int t = 0; t < kS; ++t) {
+      __m256i a[G];
+      for (int g = 0; g < G; ++g) a[g] = _mm256_setzero_si256();
+      for (int64_t c = 0; c < D; c += 32) {
+        const __m256i ku = _mm256_xor_si256(load8(r[t] + c), flip);
+        for (int g = 0; g < G; ++g) a[g] = dp(a[g], ku, load8(qi + (m0 + g) * D + c));
+      }
+      for (int g = 0; g < G; ++g) ibuf[m0 + g][t] = a[g];
+    }
+  }
+
+  // Decoded rows j0 <= j < j0 + n (n <= kS) of part p into rows[0:n] (zeros after), their factors into fs.
   void decode(const Part& p, int64_t j0, int n) {
     auto keep = [&](const float*, const float* fac, const int64_t* col, int k) {
-      for (int i = 0; i < k; ++i) f[col[i]] = fac[i];
+      for (int i = 0; i < k; ++i) fs[col[i]] = fac[i];
     };
     Tile<decltype(keep)> tile{keep, D, rows};
     dispatch_rows(p, b, h, j0, j0 + n, D, -j0, sbuf, zbuf, tile);
     tile.flush();
-    for (int t = n; t < kB; ++t) {
+    for (int t = n; t < kS; ++t) {
       std::fill(rows + t * D, rows + (t + 1) * D, 0.f);
-      f[t] = 0.f;
+      fs[t] = 0.f;
     }
   }
 
-  // s[m][0:8] = q_m . key_t (times the row's factor), tokens past n left for the caller to mask.
-  void score(const Part& p, int64_t j0, int n) {
+  // s[m][o:o+8] = q_m . key_t for the sub-block's tokens j0 <= j < j0 + n (n <= kS; the rest masked later).
+  void score_sub(const Part& p, int64_t j0, int n, int o) {
     if (int8_folded(p, D)) {
       if (!quantized) quantize_query();
       const int8_t* base = static_cast<const int8_t*>(p.data) + b * p.sb + h * p.sh;
-      const int8_t* r[kB];
-      for (int t = 0; t < kB; ++t) {
-        r[t] = base + (j0 + std::min(t, n - 1)) * p.sn;  // past n: the last row again, masked below
-        f[t] = t < n ? token_factor(p, b, h, j0 + t) : 0.f;
+      const int8_t* r[kS];
+      for (int t = 0; t < kS; ++t) {
+        r[t] = base + (j0 + std::min(t, n - 1)) * p.sn;  // past n: the last row again, masked later
+        fs[t] = t < n ? token_factor(p, b, h, j0 + t) : 0.f;
       }
-      const __m256 fv = _mm256_loadu_ps(f);
-      const __m256i ones = _mm256_set1_epi16(1);
-      for (int64_t m = 0; m < M; ++m) {
-        __m256i a[kB];
-        for (int t = 0; t < kB; ++t) a[t] = _mm256_setzero_si256();
-        for (int64_t c = 0; c < D; c += 32) {
-          const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + m * D + c));
-          for (int t = 0; t < kB; ++t) {
-            const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r[t] + c));
-            // |k| times q with k's sign: the products of q and k with an unsigned first operand.
-            const __m256i ak = _mm256_sign_epi8(kv, kv), sq = _mm256_sign_epi8(qv, kv);
-#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
-            a[t] = _mm256_dpbusd_epi32(a[t], ak, sq);
-#else
-            a[t] = _mm256_add_epi32(a[t], _mm256_madd_epi16(_mm256_maddubs_epi16(ak, sq), ones));
-#endif
-          }
+      for (int64_t m0 = 0; m0 < M; m0 += 4) {  // each key vector loaded once for up to four query rows
+        switch (std::min<int64_t>(4, M - m0)) {
+          case 4: dots_i8<4>(r, m0); break;
+          case 3: dots_i8<3>(r, m0); break;
+          case 2: dots_i8<2>(r, m0); break;
+          default: dots_i8<1>(r, m0);
         }
-        (void)ones;
-        const __m256 dots = _mm256_cvtepi32_ps(hsum8i(a));
-        _mm256_store_ps(s[m], _mm256_mul_ps(dots, _mm256_mul_ps(fv, set1(qa[m]))));
+      }
+      const __m256 fv = _mm256_loadu_ps(fs);
+      for (int64_t m = 0; m < M; ++m) {
+        const __m256i d = _mm256_sub_epi32(hsum8i(ibuf[m]), _mm256_set1_epi32(qsum[m]));
+        _mm256_store_ps(s[m] + o, _mm256_mul_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(fv, set1(qa[m]))));
       }
       return;
     }
     decode(p, j0, n);
-    const __m256 fv = _mm256_loadu_ps(f);
+    const __m256 fv = _mm256_loadu_ps(fs);
     for (int64_t m = 0; m < M; ++m) {
-      __m256 a[kB];
-      for (int t = 0; t < kB; ++t) a[t] = _mm256_setzero_ps();
+      __m256 a[kS];
+      for (int t = 0; t < kS; ++t) a[t] = _mm256_setzero_ps();
       for (int64_t c = 0; c < D; c += 8) {
         const __m256 qv = _mm256_loadu_ps(q + m * D + c);
-        for (int t = 0; t < kB; ++t) a[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows + t * D + c), a[t]);
+        for (int t = 0; t < kS; ++t) a[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows + t * D + c), a[t]);
       }
-      _mm256_store_ps(s[m], _mm256_mul_ps(hsum8(a), fv));
+      _mm256_store_ps(s[m] + o, _mm256_mul_ps(hsum8(a), fv));
     }
+  }
+
+  void score(const Part& p, int64_t j0, int n) {
+    for (int o = 0; o < n; o += kS) score_sub(p, j0 + o, std::min(kS, n - o), o);
   }
 
   // The block's scores to probabilities, merged into each row's running maximum, denominator and sum.
   // Returns whether any row has a nonzero probability (else the values need not be read).
   bool softmax(int64_t n_abs, int n) {
     bool any = false;
-    const __m256 lanes = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), set1(static_cast<float>(n)),
-                                       _CMP_LT_OQ);
     const __m256 ninf = set1(-std::numeric_limits<float>::infinity());
+    const __m256 iota = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
     for (int64_t m = 0; m < M; ++m) {
-      __m256 sv = _mm256_mul_ps(_mm256_load_ps(s[m]), set1(scl));
-      if (mrow0) {
-        const float* mr = mrow0 + (m / q_len) * ms2 + (m % q_len) * ms3 + n_abs * ms4;
-        alignas(32) float add[kB];
-        for (int t = 0; t < kB; ++t) add[t] = t < n ? mr[t * ms4] : 0.f;
-        sv = _mm256_add_ps(sv, _mm256_load_ps(add));
+      __m256 sv[kB / 8];
+      const float* mr = mrow0 ? mrow0 + (m / q_len) * ms2 + (m % q_len) * ms3 + n_abs * ms4 : nullptr;
+      for (int v = 0; v < kB / 8; ++v) {
+        const __m256 lanes = _mm256_cmp_ps(_mm256_add_ps(iota, set1(8.f * v)), set1(static_cast<float>(n)),
+                                           _CMP_LT_OQ);
+        sv[v] = _mm256_mul_ps(_mm256_load_ps(s[m] + 8 * v), set1(scl));
+        if (mr) {
+          alignas(32) float add[8];
+          for (int t = 0; t < 8; ++t) add[t] = 8 * v + t < n ? mr[(8 * v + t) * ms4] : 0.f;
+          sv[v] = _mm256_add_ps(sv[v], _mm256_load_ps(add));
+        }
+        sv[v] = _mm256_blendv_ps(ninf, sv[v], lanes);
       }
-      sv = _mm256_blendv_ps(ninf, sv, lanes);
-      const float top = hmax(sv);
+      __m256 mv = sv[0];
+      for (int v = 1; v < kB / 8; ++v) mv = _mm256_max_ps(mv, sv[v]);
+      const float top = hmax(mv);
       if (!(top > -std::numeric_limits<float>::infinity())) {  // masked everywhere in the block (or NaN)
-        _mm256_store_ps(s[m], _mm256_setzero_ps());
+        for (int v = 0; v < kB / 8; ++v) _mm256_store_ps(s[m] + 8 * v, _mm256_setzero_ps());
         continue;
       }
       if (top > mx[m]) {  // a new maximum: what was summed so far is scaled to it
@@ -221,70 +265,91 @@ struct Task {
         for (int64_t c = 0; c < D; c += 8) _mm256_storeu_ps(am + c, _mm256_mul_ps(_mm256_loadu_ps(am + c), cv));
         mx[m] = top;
       }
-      const __m256 pv = exp256(_mm256_sub_ps(sv, set1(mx[m])));
-      l[m] += hadd(pv);
-      _mm256_store_ps(s[m], pv);
+      __m256 total = _mm256_setzero_ps();
+      for (int v = 0; v < kB / 8; ++v) {
+        const __m256 pv = exp256(_mm256_sub_ps(sv[v], set1(mx[m])));
+        total = _mm256_add_ps(total, pv);
+        _mm256_store_ps(s[m] + 8 * v, pv);
+      }
+      l[m] += hadd(total);
       any = true;
     }
     return any;
   }
 
-  // acc[m] += sum_t s[m][t] * value_t.
-  void values(const Part& p, int64_t j0, int n) {
-    if (int8_folded(p, D)) {
-      const int8_t* base = static_cast<const int8_t*>(p.data) + b * p.sb + h * p.sh;
-      const int8_t* r[kB];
-      for (int t = 0; t < kB; ++t) {
-        r[t] = base + (j0 + std::min(t, n - 1)) * p.sn;  // past n: weight 0
-        f[t] = t < n ? token_factor(p, b, h, j0 + t) : 0.f;
-      }
-      // Each row's weights (probability times the token's scale) as 15-bit integers, in token pairs.
-      int32_t pair[kMaxM][kB / 2];
-      float gamma[kMaxM];
-      for (int64_t m = 0; m < M; ++m) {
-        float w[kB], top = 0.f;
-        for (int t = 0; t < kB; ++t) top = std::max(top, w[t] = s[m][t] * f[t]);
-        gamma[m] = top / 32767.f;
-        for (int t = 0; t < kB; t += 2) {
-          const int32_t lo = top > 0.f ? static_cast<int32_t>(std::nearbyint(w[t] / gamma[m])) : 0;
-          const int32_t hi = top > 0.f ? static_cast<int32_t>(std::nearbyint(w[t + 1] / gamma[m])) : 0;
-          pair[m][t / 2] = (lo & 0xFFFF) | (hi << 16);
-        }
-      }
-      constexpr int G = 4;  // query rows per pass: 2 accumulators each in registers
-      for (int64_t m0 = 0; m0 < M; m0 += G) {
-        const int g = static_cast<int>(std::min<int64_t>(G, M - m0));
-        for (int64_t c = 0; c < D; c += 16) {
-          __m256i a[G][2];
-          for (int i = 0; i < G; ++i) a[i][0] = a[i][1] = _mm256_setzero_si256();
-          for (int t = 0; t < kB; t += 2) {
-            const __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r[t] + c)));
-            const __m256i y = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r[t + 1] + c)));
-            const __m256i lo = _mm256_unpacklo_epi16(x, y), hi = _mm256_unpackhi_epi16(x, y);
-            for (int i = 0; i < g; ++i) {
-              const __m256i pw = _mm256_set1_epi32(pair[m0 + i][t / 2]);
-              a[i][0] = _mm256_add_epi32(a[i][0], _mm256_madd_epi16(lo, pw));
-              a[i][1] = _mm256_add_epi32(a[i][1], _mm256_madd_epi16(hi, pw));
-            }
-          }
-          for (int i = 0; i < g; ++i) {  // lanes [c0-3 | c8-11] and [c4-7 | c12-15] back in channel order
-            float* am = acc + (m0 + i) * D + c;
-            const __m256 gv = set1(gamma[m0 + i]);
-            const __m256 f0 = _mm256_cvtepi32_ps(_mm256_permute2x128_si256(a[i][0], a[i][1], 0x20));
-            const __m256 f1 = _mm256_cvtepi32_ps(_mm256_permute2x128_si256(a[i][0], a[i][1], 0x31));
-            _mm256_storeu_ps(am, _mm256_fmadd_ps(f0, gv, _mm256_loadu_ps(am)));
-            _mm256_storeu_ps(am + 8, _mm256_fmadd_ps(f1, gv, _mm256_loadu_ps(am + 8)));
-          }
-        }
-      }
-      return;
+  // acc[m] += sum_t s[m][t] * value_t over int8 values with one scale per token: per query row, the block's
+  // weights (probability times the token's scale) rounded to 7-bit unsigned integers of the block's largest,
+  // vpmaddubsw's unsigned operand (pair sums cannot saturate: 2 * 127 * 128 < 2^15), against the values
+  // interleaved by 4 tokens (interleaved once for every row).
+  void values_i8(const Part& p, int64_t j0, int n) {
+    const int8_t* base = static_cast<const int8_t*>(p.data) + b * p.sb + h * p.sh;
+    const int8_t* r[kB];
+    for (int t = 0; t < kB; ++t) {
+      r[t] = base + (j0 + std::min(t, n - 1)) * p.sn;  // past n: weight 0
+      f[t] = t < n ? token_factor(p, b, h, j0 + t) : 0.f;
     }
+    const int quads = (n + 3) / 4;
+    // X[k][qd][i] holds, per channel, the bytes of tokens 4 qd .. 4 qd + 3, for channels 32k + 4i .. +3 (low
+    // 128 bits) and 32k + 16 + 4i .. +3 (high).
+    for (int64_t c = 0, k = 0; c < D; c += 32, ++k) {
+      for (int qd = 0; qd < quads; ++qd) {
+        const __m256i r0 = load8(r[4 * qd] + c), r1 = load8(r[4 * qd + 1] + c);
+        const __m256i r2 = load8(r[4 * qd + 2] + c), r3 = load8(r[4 * qd + 3] + c);
+        const __m256i lo01 = _mm256_unpacklo_epi8(r0, r1), hi01 = _mm256_unpackhi_epi8(r0, r1);
+        const __m256i lo23 = _mm256_unpacklo_epi8(r2, r3), hi23 = _mm256_unpackhi_epi8(r2, r3);
+        __m256i* x = X + (k * (kB / 4) + qd) * 4;
+        x[0] = _mm256_unpacklo_epi16(lo01, lo23);
+        x[1] = _mm256_unpackhi_epi16(lo01, lo23);
+        x[2] = _mm256_unpacklo_epi16(hi01, hi23);
+        x[3] = _mm256_unpackhi_epi16(hi01, hi23);
+      }
+    }
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // the two packs' lane order undone
+    for (int64_t m = 0; m < M; ++m) {
+      __m256 w[kB / 8];
+      __m256 mv = _mm256_setzero_ps();
+      for (int v = 0; v < kB / 8; ++v) {
+        w[v] = _mm256_mul_ps(_mm256_load_ps(s[m] + 8 * v), _mm256_load_ps(f + 8 * v));
+        mv = _mm256_max_ps(mv, w[v]);
+      }
+      const float top = hmax(mv);
+      if (!(top > 0.f)) continue;
+      const __m256 inv = set1(127.f / top);
+      __m256i wi[4];
+      for (int v = 0; v < 4; ++v) wi[v] = _mm256_cvtps_epi32(_mm256_mul_ps(w[v], inv));
+      alignas(32) int32_t wq[kB / 4];  // token quad qd's four weights as bytes
+      _mm256_store_si256(reinterpret_cast<__m256i*>(wq), _mm256_permutevar8x32_epi32(_mm256_packus_epi16(
+          _mm256_packs_epi32(wi[0], wi[1]), _mm256_packs_epi32(wi[2], wi[3])), order));
+      const __m256 gv = set1(top / 127.f);
+      float* am = acc + m * D;
+      for (int64_t c = 0, k = 0; c < D; c += 32, ++k) {
+        const __m256i* x = X + k * (kB / 4) * 4;
+        __m256i a[4];
+        for (int i = 0; i < 4; ++i) a[i] = _mm256_setzero_si256();
+        for (int qd = 0; qd < quads; ++qd) {
+          const __m256i wv = _mm256_set1_epi32(wq[qd]);
+          for (int i = 0; i < 4; ++i) a[i] = dp(a[i], wv, x[qd * 4 + i]);
+        }
+        const __m256i out[4] = {_mm256_permute2x128_si256(a[0], a[1], 0x20),   // channels 0-7
+                                _mm256_permute2x128_si256(a[2], a[3], 0x20),   // 8-15
+                                _mm256_permute2x128_si256(a[0], a[1], 0x31),   // 16-23
+                                _mm256_permute2x128_si256(a[2], a[3], 0x31)};  // 24-31
+        for (int i = 0; i < 4; ++i) {
+          _mm256_storeu_ps(am + c + 8 * i,
+                           _mm256_fmadd_ps(_mm256_cvtepi32_ps(out[i]), gv, _mm256_loadu_ps(am + c + 8 * i)));
+        }
+      }
+    }
+  }
+
+  // acc[m] += sum_t s[m][o + t] * value_t for a sub-block of decoded rows.
+  void values_sub(const Part& p, int64_t j0, int n, int o) {
     decode(p, j0, n);
     for (int64_t m = 0; m < M; ++m) {
-      __m256 w[kB];
+      __m256 w[kS];
       bool any = false;
-      for (int t = 0; t < kB; ++t) {
-        const float wt = s[m][t] * f[t];
+      for (int t = 0; t < kS; ++t) {
+        const float wt = s[m][o + t] * fs[t];
         any |= wt != 0.f;
         w[t] = set1(wt);
       }
@@ -292,10 +357,15 @@ struct Task {
       float* am = acc + m * D;
       for (int64_t c = 0; c < D; c += 8) {
         __m256 a = _mm256_loadu_ps(am + c);
-        for (int t = 0; t < kB; ++t) a = _mm256_fmadd_ps(w[t], _mm256_loadu_ps(rows + t * D + c), a);
+        for (int t = 0; t < kS; ++t) a = _mm256_fmadd_ps(w[t], _mm256_loadu_ps(rows + t * D + c), a);
         _mm256_storeu_ps(am + c, a);
       }
     }
+  }
+
+  void values(const Part& p, int64_t j0, int n) {
+    if (int8_folded(p, D)) return values_i8(p, j0, n);
+    for (int o = 0; o < n; o += kS) values_sub(p, j0 + o, std::min(kS, n - o), o);
   }
 
   void run(int64_t n0, int64_t n1) {
@@ -356,14 +426,16 @@ torch::Tensor attend_simd(const torch::Tensor& q, const std::vector<torch::Tenso
   const float scl = static_cast<float>(scaling);
 
   at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> rows(simd::kB * D), sbuf(D), zbuf(D);
+    std::vector<float> rows(simd::kS * D), sbuf(D), zbuf(D);
     std::vector<int8_t> qi(M * D);
+    std::vector<__m256i> xs(D / 32 * simd::kB);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / (H * chunks), h = (t / chunks) % H, c = t % chunks;
       const int64_t n0 = c * chunk, n1 = std::min(N, n0 + chunk);
       simd::Task task{kp, vp, b, h, M, D, qp + (b * H + h) * M * D, scl,
                       masked ? mk + b * ms[0] + h * ms[1] : nullptr, q_len, ms[2], ms[3], ms[4],
-                      pm + t * M, ps + t * M, pa + t * M * D, rows.data(), sbuf.data(), zbuf.data(), qi.data()};
+                      pm + t * M, ps + t * M, pa + t * M * D, rows.data(), sbuf.data(), zbuf.data(), qi.data(),
+                      xs.data()};
       if (N > 0) task.run(n0, n1);
       else {
         for (int64_t m = 0; m < M; ++m) pm[t * M + m] = -std::numeric_limits<float>::infinity(), ps[t * M + m] = 0.f;
@@ -415,7 +487,17 @@ std::string isa() {
 #endif
 }
 
+// The largest integer of the query's int8 rounding on this build (the error bound's denominator).
+int64_t query_levels() {
+#if defined(__AVX2__) && defined(__FMA__)
+  return simd::kQ;
+#else
+  return 0;  // no integer path
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("query_levels", &query_levels, "the query's integer range on the integer path (0: none)");
   m.def("attend", &attend_simd, "Block-vector attention over stored parts (kvbench.fused, reader simd)");
   m.def("isa", &isa, "the instruction sets the reader was built for");
 }

@@ -5,12 +5,13 @@
 One layer of SmolLM2-135M's geometry (3 KV heads of 64 channels, 9 query heads, one query token) over a cache of
 random keys and values stored as each format holds it (dense bfloat16 as ``full`` does, int8 / KIVI int4 and int2 /
 FP8 / 8-bit BFP as their strategies' quantizers give, in 1,024-token pieces as the stores' chunk lists hold them),
-read by the chosen kernel (``kvbench.fused``: ``--reader simd``, the default, or ``fused``, the first).
-Per format: the median time of a layer's step (after a warm-up; the
-minimum beside it), the bytes the step reads (codes, scales, zero points), the bytes per second that makes against
-the copy bandwidth measured at the start, and the time per token and KV head. A reader bound by memory would take
-time in proportion to the bytes; one bound by its instructions (decoding a row and its products) takes about the
-same time per token whatever the bytes. Written to ``results/perf/reader.md`` and ``reader.csv``.
+read by the chosen kernel (``kvbench.fused``: ``--reader`` as ``engine.reader=auto`` resolves, the first kernel
+``fused`` today, or ``simd``, the vector one). Each repeat times every format in turn, so load from other
+processes falls on all alike. Per format: the median time of a layer's step (after a warm-up; the minimum beside
+it), the bytes the step reads (codes, scales, zero points), the bytes per second that makes against the copy
+bandwidth measured at the start, and the time per token and KV head. A reader bound by memory would take time in
+proportion to the bytes; one bound by its instructions (decoding a row and its products) takes about the same time
+per token whatever the bytes. Written to ``results/perf/reader.md`` and ``reader.csv``.
 """
 
 from __future__ import annotations
@@ -64,22 +65,26 @@ def run(tokens: int, bandwidth: float, repeats: int) -> list[dict]:
     g = torch.Generator().manual_seed(tokens)
     k, v = (torch.randn(1, KV_HEADS, tokens, HEAD_DIM, generator=g).to(torch.bfloat16) for _ in range(2))
     qg = torch.randn(1, KV_HEADS, GROUP, HEAD_DIM, generator=g)
-    rows = []
+    cases = {}
     for name, (enc_k, enc_v) in formats(k).items():
         runs = [blockattn.TokenRun([enc(x[..., i:i + PIECE, :]) for i in range(0, tokens, PIECE)], KV_HEADS)
                 for enc, x in ((enc_k, k), (enc_v, v))]
-        parts = [r.fused() for r in runs]
         stored = held_bytes(t for r in runs for p in r.parts for t in (p.tensors() if hasattr(p, "tensors") else [p.x]))
-
-        fused.attend(qg, parts[0], parts[1], None, 1, HEAD_DIM ** -0.5)  # warm-up
-        times = []
-        for _ in range(repeats):
+        cases[name] = ([r.fused() for r in runs], stored)
+        fused.attend(qg, *cases[name][0], None, 1, HEAD_DIM ** -0.5)  # warm-up
+    # Every repeat times each format in turn: load from other processes on a shared machine falls on all alike,
+    # so the ratios between formats hold within the run even when the absolute times move.
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, (parts, _) in cases.items():
             t0 = time.perf_counter()
             fused.attend(qg, parts[0], parts[1], None, 1, HEAD_DIM ** -0.5)
-            times.append(time.perf_counter() - t0)
-        med = statistics.median(times)
+            times[name].append(time.perf_counter() - t0)
+    rows = []
+    for name, (_, stored) in cases.items():
+        med = statistics.median(times[name])
         rows.append({"tokens": tokens, "format": name, "threads": torch.get_num_threads(), "bytes": stored,
-                     "median_ms": 1e3 * med, "min_ms": 1e3 * min(times), "gb_per_s": stored / med / 1e9,
+                     "median_ms": 1e3 * med, "min_ms": 1e3 * min(times[name]), "gb_per_s": stored / med / 1e9,
                      "bandwidth_gb_per_s": bandwidth / 1e9, "ns_per_token_head": 1e9 * med / (tokens * KV_HEADS)})
     return rows
 
@@ -109,8 +114,8 @@ def main() -> None:
              f"CPU: {kernels.cpu_description()}; the kernel's integer path built for: {isa}. "
              f"One attention layer of SmolLM2-135M's geometry ({KV_HEADS} KV heads x {HEAD_DIM} channels, {GROUP} "
              f"query heads per KV head, one query token), CPU, {args.threads} torch threads, {args.repeats} timed "
-             f"steps per row after a warm-up, rows one after another in one run. Copy bandwidth measured at the "
-             f"start: {bandwidth / 1e9:.1f} GB/s; load average (1 min) {load:.1f} at the start and "
+             f"steps per row after a warm-up, the formats timed in turn within each repeat (one run). Copy bandwidth "
+             f"measured at the start: {bandwidth / 1e9:.1f} GB/s; load average (1 min) {load:.1f} at the start and "
              f"{os.getloadavg()[0]:.1f} at the end on {os.cpu_count()} CPUs. `read GB/s` = stored bytes the step "
              "reads / its median time.", "",
              "| tokens | format | stored KB | median ms [min] | read GB/s | vs copy bandwidth | "
