@@ -13,7 +13,8 @@ A build cannot hang or crash later runs:
   library beside it; a library whose hash does not match (truncated, corrupted) is rebuilt, never loaded (a
   truncated shared object can die with SIGBUS while being mapped);
 * the build lock names its owner (pid, host, time); a lock whose process is gone, or older than
-  :data:`LOCK_STALE_S`, is taken over with one line.
+  :data:`LOCK_STALE_S`, or something other than a lock file in its place (a directory, link or FIFO, which a
+  reader would wait on for ever), is taken over with one line.
 
 Where no compiler is found, or the build or the load fails, :func:`load` says so in one line and returns
 ``None``; the caller falls back to its PyTorch path.
@@ -28,6 +29,7 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -100,21 +102,48 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _stale(lock: Path) -> str | None:
-    """Why ``lock`` is stale (its owner is dead, or it is too old), or ``None`` while its owner may be building."""
+def _owner(lock: Path) -> list[str]:
+    """The words of ``lock`` (pid, host, time), ``[]`` when they cannot be read. Opened without blocking or
+    following a link, and read only when it is a regular file: nothing in its place can hang the reader."""
     try:
-        owner = lock.read_text().split()
-        age = time.time() - lock.stat().st_mtime
-    except (OSError, UnicodeDecodeError):
-        return None  # gone meanwhile, or unreadable for now: look again
+        fd = os.open(lock, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return []
+    try:
+        return os.read(fd, 256).decode(errors="replace").split() if stat.S_ISREG(os.fstat(fd).st_mode) else []
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+
+
+def _stale(lock: Path) -> str | None:
+    """Why ``lock`` is stale (its owner is dead, it is too old, or it is no lock file at all), or ``None`` while
+    its owner may be building."""
+    try:
+        st = lock.lstat()
+    except FileNotFoundError:
+        return None  # gone meanwhile: look again
+    if not stat.S_ISREG(st.st_mode):  # no build makes one, and waiting on it would never end
+        return "it is not a lock file: a directory, link or FIFO in its place"
+    owner, age = _owner(lock), time.time() - st.st_mtime
     if len(owner) >= 2 and owner[1] == socket.gethostname() and owner[0].isdigit() and not _alive(int(owner[0])):
         return f"its owner, pid {owner[0]} on {owner[1]}, is gone"
     if age > LOCK_STALE_S:
         who = f"pid {owner[0]} on {owner[1]}" if len(owner) >= 2 else "an unknown owner"
         return f"held by {who} for {age / 60:.0f} min"
-    if len(owner) < 2 and age > 10:  # killed between creating and writing it
+    if len(owner) < 2 and age > 10:  # killed between creating and writing it, or unreadable
         return "it names no owner"
     return None
+
+
+def _remove(lock: Path) -> None:
+    """Remove a stale lock, whatever is in its place (a directory too); already gone is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        if lock.is_dir() and not lock.is_symlink():
+            shutil.rmtree(lock)
+        else:
+            lock.unlink()
 
 
 @contextlib.contextmanager
@@ -132,8 +161,7 @@ def build_lock(lock: Path, ready: Callable[[], bool]) -> Iterator[bool]:
             why = _stale(lock)
             if why:
                 log.warning("kvbench: taking over the kernel build lock %s (%s)", lock, why)
-                with contextlib.suppress(FileNotFoundError):
-                    lock.unlink()
+                _remove(lock)  # one that cannot be removed ends the build in load()'s one line, never a loop
                 continue
             time.sleep(POLL_S)
             continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -61,6 +62,48 @@ def test_a_worker_file_from_another_host_expires_and_stops_marking_timings(tmp_p
     (rec,) = store.load_records()
     assert rec["timing_contended"] is False and not rival.exists()  # today: true for every later record
     assert f"host {ELSEWHERE!r}" in capsys.readouterr().err
+
+
+def test_a_worker_file_of_a_dead_pid_here_is_removed_and_marks_nothing(tmp_path):
+    dead = tmp_path / ".workers" / "dead.json"
+    dead.parent.mkdir()
+    dead.write_text(json.dumps({"host": socket.gethostname(), "pid": 2 ** 22 + 12345, "started": 0}))
+    store = RunStore(tmp_path, "run")
+    with ActiveWorker(tmp_path) as worker:
+        claims = SampleClaims(store, {"full"}, worker)
+        assert "s0" not in claims
+        claims.write([{"config_hash": "h", "sample_id": "s0", "strategy": "full", "score": 1.0}])
+    (rec,) = store.load_records()
+    assert rec["timing_contended"] is False and not dead.exists()
+
+
+def _within(seconds: float, fn):
+    """``fn()`` run in a thread; fails the test instead of hanging it when it does not return in time."""
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), "hung"
+    return out[0]
+
+
+def test_a_fifo_in_place_of_a_claim_or_worker_file_hangs_nobody(tmp_path):
+    """Read as a file, a FIFO would block every worker that looks at it; it is an owner nobody can read: held
+    for a minute (perhaps being written), then taken over, and never counted as a competing worker."""
+    store = RunStore(tmp_path, "run")
+    claim = SampleClaims(store, {"full"})._path("s0")
+    claim.parent.mkdir(parents=True)
+    os.mkfifo(claim)
+    (tmp_path / ".workers").mkdir()
+    os.mkfifo(tmp_path / ".workers" / "pipe.json")
+    assert _within(10, lambda: "s0" in SampleClaims(store, {"full"}))  # today: blocks for ever
+    old = time.time() - 120
+    os.utime(claim, (old, old))
+    with ActiveWorker(tmp_path) as worker:
+        claims = SampleClaims(store, {"full"}, worker)
+        assert _within(10, lambda: "s0" not in claims)
+        assert _within(10, worker.others) == 0
+    assert json.loads(claim.read_text())["pid"] == os.getpid()
 
 
 def test_a_fresh_worker_file_from_another_host_still_counts(tmp_path):

@@ -41,6 +41,7 @@ from kvbench.results.read import (
     records_duplicates,
     refuse_duplicates,
 )
+from kvbench.results.schema import BadValueError
 from kvbench.results.seal import SEAL_KEY, local_seal, seal_matches
 from kvbench.results.store import (
     RECORD_KEY,
@@ -54,7 +55,8 @@ from kvbench.results.tree import TRACKED, TreeError, results_files
 
 __all__ = [
     "AGREE_RTOL", "RECORD_KEY", "SEAL_KEY", "SOURCE_COLUMN", "STALE_TMP_SECONDS", "TMP_SUFFIX", "TRACKED",
-    "ActiveWorker", "DuplicateRecordError", "RunStore", "SampleClaims", "TreeError", "UnwritableError",
+    "ActiveWorker", "BadValueError", "DuplicateRecordError", "RunStore", "SampleClaims", "TreeError",
+    "UnwritableError",
     "apply_umask", "atomic_write", "atomic_write_parquet", "atomic_write_text", "check_values", "clean_stale_tmp",
     "disagreement", "environment", "flatten_for_store", "local_seal", "printable", "quiet_warnings", "read_store",
     "read_unpublished", "record_key", "records_duplicates", "refuse_duplicates", "results_files", "safe_message",

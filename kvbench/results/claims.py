@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import socket
+import stat
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -63,10 +64,22 @@ def _owner() -> dict[str, Any]:
             "heartbeat_s": HEARTBEAT_SECONDS}
 
 
+def _read_owner(path: Path) -> Any:
+    """The JSON in a claim or worker file. Opened without blocking or following a link and read only when it is a
+    regular file (OSError otherwise): a FIFO in its place would hang every worker that looks at it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return json.loads(os.read(fd, 1 << 16))
+    finally:
+        os.close(fd)
+
+
 def owner_of(path: Path) -> str:
     """``host 'h' (pid p)`` of a claim or worker file, for messages; ``an unknown owner`` when unreadable."""
     try:
-        owner = json.loads(path.read_text())
+        owner = _read_owner(path)
         return f"host {printable(owner['host'])!r} (pid {int(owner['pid'])})"
     except (OSError, ValueError, KeyError, TypeError):
         return "an unknown owner"
@@ -79,7 +92,7 @@ def _owner_alive(path: Path) -> bool | None:
     and expires once nobody has for :data:`OWNER_EXPIRY_SECONDS` — said once per file kind and owner, in one
     line naming the host."""
     try:
-        owner = json.loads(path.read_text())
+        owner = _read_owner(path)
         host, pid = owner["host"], int(owner["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -19,7 +19,7 @@ import pandas as pd
 
 from kvbench.errors import KVBenchError
 from kvbench.results.files import warn
-from kvbench.results.schema import _missing, check_values
+from kvbench.results.schema import BadValueError, _missing, check_values
 from kvbench.results.store import RECORD_KEY, DuplicateRecordError, RunStore, duplicate_message, flatten_for_store
 from kvbench.results.tree import run_records, store_files
 
@@ -213,8 +213,8 @@ def read_unpublished(results_dir: str | Path) -> pd.DataFrame:
         run_id = path.parent.name
         try:
             records = RunStore(root, run_id).load_records(quiet=True)
-        except DuplicateRecordError:
-            raise  # a file holding a record twice is refused, never skipped: it could be what ranks first
+        except (DuplicateRecordError, BadValueError):
+            raise  # a record held twice or a bad value is refused, never skipped: it could be what ranks first
         except (OSError, ValueError, KVBenchError) as exc:
             warn(f"skipped {path} ({exc})")
             continue

@@ -38,6 +38,11 @@ FREE_TEXT_FIELDS = ("prediction", "answers", "sample_meta", "params", "stats")
 REQUIRED_NUMBERS = ("score",)
 
 
+class BadValueError(KVBenchError):
+    """A record holds a value the schema refuses: the file is refused by every reader, never skipped (a skipped
+    file's good records would vanish from a table without an error, and a run would publish around it)."""
+
+
 @functools.lru_cache(maxsize=1)
 def _schema() -> dict[str, str]:
     """Each record field's kind from :class:`kvbench.record.Record`'s annotations: ``number`` (int, float),
@@ -82,7 +87,7 @@ def check_values(df: pd.DataFrame, source: str) -> pd.DataFrame:
         if rows.empty:
             return
         row = rows.iloc[0]
-        raise KVBenchError(
+        raise BadValueError(
             f"{source}: field {name!r} is {row[name]!r} in the record of sample {printable(row.get('sample_id'))!r}, "
             f"strategy {printable(row.get('strategy'))!r} ({len(rows)} record(s) in all); expected {expected}: a "
             "damaged or edited results file — remove it or rerun the run that wrote it")

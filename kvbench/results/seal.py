@@ -25,7 +25,9 @@ def _read_key(path: Path) -> bytes | None:
     anything. Anything but a regular file is one warning (once) and no key."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
+        # No key there (a cache directory that is a file holds none): making one fails in silence, and the run's
+        # own use of the cache says in one line what is wrong with it.
         return None
     except OSError as exc:
         raise _NotAKey(f"cannot be opened ({exc.strerror or type(exc).__name__})") from None
