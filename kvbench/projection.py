@@ -26,11 +26,20 @@ class JobInfo:
     questions_per_context: int = 1  # task.questions_per_context (query-agnostic multi-question contexts)
     done: int = 0  # questions already stored with every one of the job's strategies, under the job's run id
     run_id: str = ""
+    questions: int = 0  # counted from the built samples (0: not built; the config's n_samples x K stands in)
+    contexts: int = 0  # the distinct contexts of the built samples (0: not built)
 
     @property
     def n_questions(self) -> int:
-        """The samples (questions) the job runs to, the unit ``engine.max_new_samples`` counts."""
-        return self.n_samples * self.questions_per_context
+        """The samples (questions) the job runs to, the unit ``engine.max_new_samples`` counts: the built samples'
+        count when known (a file may hold fewer rows, or a context fewer turns, than the config asks for)."""
+        return self.questions or self.n_samples * self.questions_per_context
+
+    def contexts_for(self, questions: int) -> int:
+        """Prefills ``questions`` of the job's questions take: a context's questions share its prefill."""
+        if self.contexts and self.questions:
+            return -(-questions * self.contexts // self.questions)
+        return -(-questions // self.questions_per_context)
 
 
 @dataclass
@@ -88,7 +97,7 @@ def project(jobs: list[JobInfo], results_dir: str | Path = "results") -> Project
             unmeasured.append(job)
             continue
         left = max(job.n_questions - job.done, 0)
-        contexts = -(-left // job.questions_per_context)  # a context's questions share its prefill
+        contexts = job.contexts_for(left)
         total += contexts * float(g["prefill_s"].median()) + left * sum(costs)
         measured += 1
     return Projection(total, measured, unmeasured, source)

@@ -112,14 +112,14 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
         strategies = resolve_strategies(cfg)
     dtype = cfg.model.get("dtype") or profile.dtype
     attn = cfg.model.get("attn_implementation")
-    if cfg.engine.progress:
-        print(announce(cfg, strategies), flush=True)
     lm = load_model(cfg.model.name, dtype=dtype, device=device, path=cfg.model.get("path"), seed=cfg.seed,
                     attn_implementation=attn)
     strategies = applicable(lm.model, strategies)
     samples = build_samples(cfg.task.name, cfg.task, lm.tokenizer, lm.max_context)
     for s in samples:
         check_lengths(s, lm.max_context)
+    if cfg.engine.progress:  # after the samples are built: the line counts what the task really holds
+        print(announce(cfg, strategies, samples), flush=True)
     note = nothing_to_compress(lm.model.config, [s.name for s in strategies],
                                min((s.total_tokens for s in samples), default=None))
     if note:
@@ -191,18 +191,22 @@ def run(cfg: DictConfig, strategies: list[Strategy] | None = None) -> pd.DataFra
     return summary
 
 
-def announce(cfg: DictConfig, strategies: list[Strategy]) -> str:
-    """The run's first line, printed before the model loads: what will run, where it goes, and the time it is
-    expected to take from the medians measured in the store (this run's, else the checkout's ``results/``)."""
+def announce(cfg: DictConfig, strategies: list[Strategy], samples: list[Any] | None = None) -> str:
+    """The run's first line, printed once the samples are built: what will run (the questions and contexts the
+    task really produced — a file may hold fewer rows, a context more or fewer turns, than the config asks for),
+    where it goes, and the time it is expected to take from the medians measured in the store (this run's, else
+    the checkout's ``results/``). Without ``samples`` the config's counts stand in."""
+    from kvbench.engine import context_of
     from kvbench.projection import JobInfo, _fmt_duration, project
 
     n = int(cfg.task.get("n_samples") or 1)
     qpc = int(cfg.task.get("questions_per_context") or 1)
+    questions, contexts = (len(samples), len({context_of(s) for s in samples})) if samples else (n * qpc, n)
     tokens = int(cfg.task.get("context_tokens") or 0)
     job = JobInfo(str(cfg.model.name), str(cfg.hardware.name), tokens, n, [(s.name, s.label()) for s in strategies],
-                  str(cfg.results_dir), qpc)
-    what = (f"kvbench: {dataset_name(cfg.task)}, {n * qpc} question(s)"
-            + (f" on {n} context(s)" if qpc > 1 else "") + f" x {len(strategies)} strategies "
+                  str(cfg.results_dir), qpc, questions=questions, contexts=contexts)
+    what = (f"kvbench: {dataset_name(cfg.task)}, {questions} question(s)"
+            + (f" on {contexts} context(s)" if contexts != questions else "") + f" x {len(strategies)} strategies "
             f"({', '.join(s.name for s in strategies)}) on {cfg.model.name}"
             + (f" at {tokens} tokens" if tokens else "") + f", into {cfg.results_dir}")
     for store in dict.fromkeys([str(cfg.results_dir), "results"]):

@@ -8,8 +8,12 @@ when a job has finished it logs the run it wrote, from the run directory's own f
 * its identity (``identity.json``: task, model, hardware, seed, digests, strategies) as parameters, and the run
   id, config hash, task, model and run directory as tags;
 * per-strategy figures of ``summary.csv`` (each numeric column of :data:`kvbench.record.METRICS`) as metrics
-  named ``<strategy>/<figure>`` (characters MLflow refuses become ``_``);
-* the run directory (config, identity, environment, records, summary) as artifacts under ``run/``.
+  named ``<strategy>/<figure>`` by the short label the tables show (:func:`kvbench.labels.shorten`: ``int8``, not
+  ``int8(axis=token,group_size=64)``; characters MLflow refuses become ``_``), each short label's full label a
+  parameter ``strategy.<short label>``;
+* the run directory (config, identity, environment, records, summary) as artifacts under ``run/``, without the
+  files a run keeps only while it runs (its ``.lock``, the ``.claims/`` of concurrent workers: names with a
+  leading dot).
 
 ``tracking.uri`` null uses ``$MLFLOW_TRACKING_URI`` when set, else a local file store,
 ``<results_dir>/mlruns``; any MLflow tracking URI works (``http://host:5000``, ``sqlite:///mlflow.db``). MLflow 3
@@ -74,6 +78,7 @@ def _params(identity: dict[str, Any], prefix: str = "") -> dict[str, str]:
 def _metrics(run_dir: Path) -> dict[str, float]:
     import pandas as pd
 
+    from kvbench.labels import shorten
     from kvbench.record import METRICS
 
     path = run_dir / "summary.csv"
@@ -88,8 +93,27 @@ def _metrics(run_dir: Path) -> dict[str, float]:
         for name in METRICS:
             value = row.get(name)
             if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-                out[metric_key(*where, str(row["strategy"]), name)] = float(value)
+                out[metric_key(*where, shorten(str(row["strategy"])), name)] = float(value)
     return out
+
+
+def _labels(run_dir: Path) -> dict[str, str]:
+    """``strategy.<short label>`` -> the full label, for each strategy of ``summary.csv``."""
+    import pandas as pd
+
+    from kvbench.labels import shorten
+
+    path = run_dir / "summary.csv"
+    if not path.is_file():
+        return {}
+    return {f"strategy.{metric_key(shorten(s))}": s for s in pd.read_csv(path)["strategy"].astype(str).unique()}
+
+
+def _artifacts(run_dir: Path) -> list[Path]:
+    """The run directory's files to keep: none under a name with a leading dot (the run's lock, the claims of
+    concurrent workers — transient files that say nothing once the run is done)."""
+    return sorted(f for f in run_dir.rglob("*")
+                  if f.is_file() and not any(part.startswith(".") for part in f.relative_to(run_dir).parts))
 
 
 def log_run(run_dir: str | Path, uri: str | None = None, experiment: str = "kvbench",
@@ -123,6 +147,7 @@ def log_run(run_dir: str | Path, uri: str | None = None, experiment: str = "kvbe
 
         params = _params({k: v for k, v in identity.items() if k != "strategies"})
         params["strategies"] = json.dumps([s[0] for s in identity.get("strategies", [])])
+        params.update(_labels(run_dir))
         logged = found[0].data.params if found else {}
         # A parameter is written once in MLflow; a resumed run's identity is the same by construction.
         new = [Param(k, v) for k, v in params.items() if k not in logged]
@@ -132,7 +157,9 @@ def log_run(run_dir: str | Path, uri: str | None = None, experiment: str = "kvbe
             client.log_batch(mlflow_run, metrics=metrics[i:i + 100], params=new[i:i + 100],
                              tags=[RunTag(k, v) for k, v in tags.items()] if i == 0 else [])
         if artifacts:
-            client.log_artifacts(mlflow_run, str(run_dir), artifact_path="run")
+            for f in _artifacts(run_dir):
+                where = f.relative_to(run_dir).parent
+                client.log_artifact(mlflow_run, str(f), artifact_path="/".join(("run", *where.parts)))
         client.set_terminated(mlflow_run, status="FINISHED")
     except Exception:
         client.set_terminated(mlflow_run, status="FAILED")

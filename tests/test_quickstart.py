@@ -71,3 +71,22 @@ def test_ad_hoc_runs_stay_out_of_the_committed_store():
     for sweep in ("leaderboard", "headline"):
         text = (ROOT / "conf" / "sweep" / f"{sweep}.yaml").read_text()
         assert f"results_dir={'results' if sweep == 'leaderboard' else 'results/headline'} " in text
+
+
+def test_the_first_line_counts_the_questions_and_contexts_the_task_really_holds(tmp_path):
+    """15 questions on 6 contexts asked 3 per context with ``task.n_samples=10``: the line says 15 on 6, not the
+    config's 30 on 10, and the estimate rests on those counts."""
+    from kvbench.models import ByteTokenizer
+    from kvbench.runner import announce, resolve_strategies
+    from kvbench.tasks.base import build_samples
+
+    f = tmp_path / "own.jsonl"
+    per_context = (3, 3, 3, 2, 2, 2)
+    f.write_text("".join(json.dumps({"id": f"c{c}q{q}", "context": f"document {c} " * 40, "input": f"q{q}?",
+                                     "answers": ["a"]}) + "\n" for c, k in enumerate(per_context) for q in range(k)))
+    cfg = compose_config(["model=tiny-llama", "task=jsonl", f"task.path={f}", "task.questions_per_context=3",
+                          "task.n_samples=10", f"results_dir={tmp_path / 'results'}"])
+    strategies = resolve_strategies(cfg)
+    samples = build_samples("jsonl", cfg.task, ByteTokenizer(), 1 << 20)
+    assert announce(cfg, strategies, samples).startswith("kvbench: own, 15 question(s) on 6 context(s) x ")
+    assert announce(cfg, strategies).startswith("kvbench: own, 30 question(s) on 10 context(s) x ")  # unbuilt

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from kvbench.errors import KVBenchError
@@ -218,3 +219,30 @@ def test_custom_task_takes_questions_per_context_from_the_command_line(tmp_path)
     (d / "a.txt").write_text("The committee met in the long room above the library.\n\n" * 400)
     assert check_overrides(["model=tiny-llama", "task=custom", f"task.corpus={d}", "task.questions_per_context=2",
                             "task.query_aware=false", "task.context_tokens=1024", "task.distractors=1"]) == 1
+
+
+def test_own_document_ids_cluster_contexts_cut_from_one_work(tmp_path):
+    """Two contexts cut from one novel are one cluster: the rows' ``document_id`` (or the column
+    ``task.document_field`` names) is the samples' document, and each sample records its length budget."""
+    from kvbench.engine import document_of
+    from kvbench.paired import document_ids
+
+    rows = {"id": ["n1", "n2", "m1"], "context": [BOOK, BOOK[::-1], OTHER], "input": ["q1", "q2", "q3"],
+            "answers": [["a"], ["b"], ["c"]], "work": ["novel", "novel", "memoir"]}
+    f = tmp_path / "own.jsonl"
+    datasets.Dataset.from_dict({**rows, "document_id": rows["work"]}).to_json(str(f))
+    for task, cfg in (("hf", {"dataset": str(f)}), ("hf", {"dataset": str(f), "document_field": "work"}),
+                      ("jsonl", {"path": str(f)}), ("jsonl", {"path": str(f), "document_field": "work"})):
+        samples = _build(task, **cfg)
+        assert [document_of(s) for s in samples] == ["novel", "novel", "memoir"], (task, cfg)
+        assert all(s.metadata["context_budget"] == 512 for s in samples)
+        recs = pd.DataFrame({"task": "own", "sample_id": [s.sample_id for s in samples],
+                             "document_id": [document_of(s) for s in samples],
+                             "sample_meta": [json.dumps(s.metadata) for s in samples]})
+        assert document_ids(recs).nunique() == 2
+    # without one, each context is its own cluster (the data says nothing about shared works)
+    plain = tmp_path / "plain.jsonl"
+    datasets.Dataset.from_dict({k: v for k, v in rows.items() if k != "work"}).to_json(str(plain))
+    assert len({document_of(s) for s in _build("jsonl", path=str(plain))}) == 3
+    with pytest.raises(KVBenchError, match="task.document_field='nope' is not a column"):
+        _build(dataset=str(f), document_field="nope")

@@ -24,6 +24,7 @@ def _run(args: list[str]) -> int:
 
 def test_metric_names_are_ones_mlflow_accepts():
     assert tracking.metric_key("int8(axis=token,group_size=64)", "delta_pp") == "int8_axis_token_group_size_64/delta_pp"
+    assert tracking.metric_key("snapkv(compression_ratio=0.5)", "delta_pp") == "snapkv_compression_ratio_0.5/delta_pp"
     assert tracking.metric_key("legal", "query-agnostic", "full", "accuracy") == "legal/query-agnostic/full/accuracy"
 
 
@@ -68,13 +69,29 @@ def test_a_run_is_logged_once_and_read_back_with_search_runs(tmp_path, monkeypat
     assert row["params.model_digest"] == identity["model_digest"]
     import pandas as pd
 
+    from kvbench.labels import shorten
+
     summary = pd.read_csv(run_dir / "summary.csv")
-    for _, s in summary.iterrows():
-        key = f"metrics.{tracking.metric_key(s['strategy'], 'accuracy')}"
-        assert row[key] == pytest.approx(s["accuracy"])
-        assert row[f"metrics.{tracking.metric_key(s['strategy'], 'kv_mib')}"] == pytest.approx(s["kv_mib"])
+    for _, s in summary.iterrows():  # metrics by the short label the tables show; the full label a parameter
+        short = shorten(s["strategy"])
+        assert row[f"metrics.{tracking.metric_key(short, 'accuracy')}"] == pytest.approx(s["accuracy"])
+        assert row[f"metrics.{tracking.metric_key(short, 'kv_mib')}"] == pytest.approx(s["kv_mib"])
+        assert row[f"params.strategy.{tracking.metric_key(short)}"] == s["strategy"]
+    assert "metrics.int8/accuracy" in runs.columns
     artifacts = {Path(a.path).name for a in mlflow.MlflowClient().list_artifacts(row["run_id"], "run")}
     assert {"identity.json", "config.yaml", "summary.csv", "records.jsonl"} <= artifacts
+    assert not any(name.startswith(".") for name in artifacts)  # no lock, no claims: transient files
+    # docs/tracking.md's reading example, as written, on this store
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "tracking.md").read_text()
+    example = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'mlflow.set_tracking_uri("file:///path/to/results/mlruns")' in example
+    scope: dict = {}
+    exec(example.replace("file:///path/to/results/mlruns", (results / "mlruns").as_uri()), scope)  # noqa: S102
+    assert len(scope["runs"]) == 1
+    last = example.strip().splitlines()[-1]  # the frame the example ends on: every column it names is there
+    shown = eval(last, scope)  # noqa: S307
+    assert list(shown.iloc[0]) == [run_dir.name, identity["task"], pytest.approx(row["metrics.int8/accuracy"]),
+                                   pytest.approx(row["metrics.int8/delta_pp"])]
     # the same kvbench run again (resumed): the same MLflow run
     assert _run(args) == 0
     assert len(mlflow.search_runs(experiment_names=["kvbench"])) == 1

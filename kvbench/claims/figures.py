@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kvbench import fmt, stats
+from kvbench import bands, fmt, stats
 from kvbench.paired import ALPHA, PRIMARY, Comparison, compare
 from kvbench.stats import POWER
 from kvbench.vocab import BASELINE, OFFLOADING_FAMILIES, OVERALL, QUERY_AWARE, in_setting, ordered_settings, settings
@@ -174,23 +174,24 @@ def samples_sentence(needed: int, c: Comparison | None, what: str, level: str = 
 
 
 def scope_records(records: pd.DataFrame | None, scope: str, setting: str | None) -> pd.DataFrame | None:
-    """The records of a scope: one task, or a pooled ``all@<tokens>`` scope (every task measured at that
-    context length — spec v1.2 never pools across context lengths)."""
+    """The records of a scope: one task, or a pooled ``all@<tokens>`` scope (every task measured in that length
+    band, :mod:`kvbench.bands` — spec v1.2 never pools across context lengths)."""
     if records is None or records.empty:
         return None
     df = records if setting is None else records[settings(records) == setting]
     if scope.startswith(f"{OVERALL}@"):
-        return df[df["context_tokens"].astype(float) == float(scope.split("@", 1)[1])]
+        df = bands.with_bands(df)
+        return df[df[bands.BAND] == float(scope.split("@", 1)[1])]
     return df[df["task"] == scope]
 
 
 def pooled_scopes(records: pd.DataFrame | None, setting: str | None) -> list[str]:
-    """``all@<tokens>`` for every context length at which two tasks or more were measured."""
+    """``all@<tokens>`` for every length band in which two tasks or more were measured."""
     if records is None or records.empty or "context_tokens" not in records:
         return []
-    df = records if setting is None else records[settings(records) == setting]
-    per_length = df.groupby(df["context_tokens"].astype(int))["task"].nunique()
-    return [f"{OVERALL}@{int(t)}" for t, k in per_length.items() if k >= 2]
+    df = bands.with_bands(records if setting is None else records[settings(records) == setting])
+    per_band = df.groupby(df[bands.BAND])["task"].nunique()
+    return [f"{OVERALL}@{int(t)}" for t, k in per_band.items() if k >= 2]
 
 
 def pooled_members(records: pd.DataFrame | None, scope: str, setting: str | None) -> str:
@@ -199,12 +200,14 @@ def pooled_members(records: pd.DataFrame | None, scope: str, setting: str | None
     inside = scope_records(records, scope, setting) if scope.startswith(f"{OVERALL}@") else None
     if inside is None or inside.empty:
         return ""
-    df = records if setting is None else records[settings(records) == setting]
+    df = bands.with_bands(records if setting is None else records[settings(records) == setting])
     tasks = sorted(set(inside["task"].astype(str)))
+    band = float(scope.split("@", 1)[1])
     out = []
-    for task in sorted(set(df["task"].astype(str)) - set(tasks)):
-        lengths = sorted({int(v) for v in df.loc[df["task"].astype(str) == task, "context_tokens"].dropna()})
-        out.append(f"{task} ({', '.join(f'{v:,}' for v in lengths)} tokens)")
+    for task in sorted(set(df["task"].astype(str))):
+        part = df[(df["task"].astype(str) == task) & (df[bands.BAND] != band)]
+        if not part.empty:
+            out.append(f"{task} ({bands.bands_text(part)})")
     return ", ".join(tasks) + (f"; not pooled: {', '.join(out)}" if out else "")
 
 

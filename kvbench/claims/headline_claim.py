@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kvbench import fmt
+from kvbench import bands, fmt
 from kvbench.claims.figures import (
     LOSS_PP,
     LOSS_RELATIVE,
@@ -115,8 +115,8 @@ def headline(summary: pd.DataFrame, scope: str, setting: str | None = None,
     if design is not None and recs is not None:
         # One family over the design's scopes (spec v1.2 §2.6): the judging sees every task at this scope's length.
         pooled = scope.startswith(f"{OVERALL}@")
-        length = f"{OVERALL}@{int(recs['context_tokens'].iloc[0])}" if "context_tokens" in recs and len(recs) \
-            else None
+        band = bands.with_bands(recs)[bands.BAND] if "context_tokens" in recs and len(recs) else None
+        length = f"{OVERALL}@{int(band.iloc[0])}" if band is not None and band.notna().iloc[0] else None
         every = scope_records(records, length, setting) if length and not pooled else recs
         judged = {v.comparison.a: v for v in noninferiority_through_looks(
             every, [p.strategy for p in family], BASELINE, design, LOSS_PP,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvbench import claims, fmt, paired, sequential
+from kvbench import bands, claims, fmt, paired, sequential
 from kvbench.errors import KVBenchError
 from kvbench.labels import shorten
 from kvbench.record import HIGHER_IS_BETTER  # sort direction per metric: larger first where True
@@ -108,33 +108,35 @@ def _judged(rows: pd.DataFrame, setting: str, records: pd.DataFrame,
 
 
 def at_pooled_length(records: pd.DataFrame) -> pd.DataFrame:
-    """``records`` at the one context length pooled columns use (spec v1.2 §2.3): the length most tasks were
-    measured at, the longest on a tie; all of them when no length is recorded."""
-    if "context_tokens" not in records or not records["context_tokens"].notna().any():
+    """``records`` in the one length band pooled columns use (spec v1.2 §2.3; :mod:`kvbench.bands`): the band
+    most tasks were measured in, the longest on a tie — every question of a task in it counts once, whatever its
+    natural length; all of them when no length is recorded."""
+    band = bands.pooled_band(records)
+    if band is None:
         return records
-    per_length = records.groupby("context_tokens")["task"].nunique()
-    return records[records["context_tokens"] == max(per_length.index, key=lambda t: (per_length[t], t))]
+    return records[bands.with_bands(records)[bands.BAND] == band]
 
 
 @dataclass(frozen=True)
 class PooledScope:
-    """What a setting's pooled (``all``) columns pool: the tasks measured at one context length, and the tasks
-    left out because they ran at another (spec v1.2 §2.3 never pools across lengths)."""
+    """What a setting's pooled (``all``) columns pool: the tasks measured in one length band, and the tasks (or
+    a task's questions) left out because they ran in another (spec v1.2 §2.3 never pools across lengths)."""
 
-    tokens: int | None  # None: no context length recorded
+    tokens: int | None  # the band in tokens; None: no context length recorded
     tasks: tuple[str, ...]
-    left_out: tuple[tuple[str, str], ...] = ()  # (task, its length(s) as text)
+    left_out: tuple[tuple[str, str], ...] = ()  # (task, its band(s) as text)
+    band: str = ""  # the band as text (``4,096 tokens``); empty: no length recorded
 
     def included(self) -> str:
         """``legal, papers pooled at 4,096 tokens``."""
-        at = f" at {self.tokens:,} tokens" if self.tokens is not None else ""
+        at = f" at {self.band}" if self.band else ""
         return f"{', '.join(self.tasks)} pooled{at}"
 
     def text(self) -> str:
         """``legal, papers pooled at 4,096 tokens; not pooled: fiction at 2,048 tokens``."""
         if not self.left_out:
             return self.included()
-        return f"{self.included()}; not pooled: " + ", ".join(f"{t} at {n} tokens" for t, n in self.left_out)
+        return f"{self.included()}; not pooled: " + ", ".join(f"{t} at {n}" for t, n in self.left_out)
 
 
 def _lengths_text(lengths: Any) -> str:
@@ -145,15 +147,19 @@ def _lengths_text(lengths: Any) -> str:
 
 
 def pooled_scope(records: pd.DataFrame) -> PooledScope:
-    """The scope of the pooled columns over ``records`` (one setting's): :func:`at_pooled_length`'s tasks."""
+    """The scope of the pooled columns over ``records`` (one setting's): :func:`at_pooled_length`'s tasks, and
+    every task's questions outside its band (a task measured in two bands is named with the one left out, so the
+    table never pools fewer questions than the tasks hold without saying so)."""
     tasks = sorted(records["task"].astype(str).unique()) if not records.empty else []
-    if "context_tokens" not in records or not records["context_tokens"].notna().any():
+    band = bands.pooled_band(records)
+    if band is None:
         return PooledScope(None, tuple(tasks))
-    pooled = at_pooled_length(records)
-    inside = sorted(pooled["task"].astype(str).unique())
-    left = tuple((t, _lengths_text(records.loc[records["task"].astype(str) == t, "context_tokens"]))
-                 for t in tasks if t not in inside)
-    return PooledScope(int(pooled["context_tokens"].iloc[0]), tuple(inside), left)
+    recs = bands.with_bands(records)
+    inside = sorted(recs.loc[recs[bands.BAND] == band, "task"].astype(str).unique())
+    outside = recs[recs[bands.BAND] != band]
+    left = tuple((t, bands.bands_text(part))
+                 for t, part in ((t, outside[outside["task"].astype(str) == t]) for t in tasks) if not part.empty)
+    return PooledScope(int(band), tuple(inside), left, bands.band_text(recs, band))
 
 
 def task_lengths(records: pd.DataFrame, task: str) -> str:
@@ -280,10 +286,10 @@ def overall_summary(records: pd.DataFrame, tasks: Sequence[str]) -> pd.DataFrame
     """Per-strategy figures pooled over ``tasks`` (task column :data:`OVERALL`), paired per sample.
 
     Only strategies measured on every task are pooled: a strategy seen on the easy task alone would
-    otherwise look better than one measured everywhere. Only one context length is pooled (spec v1.2 §2.3):
-    the one most tasks were measured at (the longest on a tie); tasks at other lengths keep their own columns.
+    otherwise look better than one measured everywhere. Only one length band is pooled (spec v1.2 §2.3;
+    :func:`at_pooled_length`); tasks in other bands keep their own columns.
     """
-    if "context_tokens" in records and records["context_tokens"].notna().any():
+    if bands.pooled_band(records) is not None:
         records = at_pooled_length(records)
         tasks = [t for t in tasks if t in set(records["task"])]
     have = records.groupby("strategy")["task"].agg(lambda s: set(s))
@@ -383,7 +389,7 @@ def build(records: pd.DataFrame, filters: Filters | None = None, sort: str | Non
     if BASELINE not in set(chosen["strategy"]):
         raise KVBenchError(f"no {BASELINE!r} baseline records in the selection; every run records it, so the "
                            "store is incomplete — rerun a benchmark")
-    paired = paired_records(chosen, depth_key)
+    paired = bands.with_bands(paired_records(chosen, depth_key))  # every record's length band, computed once
     tasks = sorted(paired["task"].astype(str).unique())
     if OVERALL in tasks:
         raise KVBenchError(f"a task named {OVERALL!r} clashes with the pooled columns; filter it out with --task")

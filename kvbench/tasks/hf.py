@@ -36,7 +36,7 @@ from typing import Any
 from kvbench.errors import KVBenchError
 from kvbench.tasks.base import Sample, TaskInputs, answer_list, register_task
 from kvbench.tasks.metrics import TEXT_METRICS
-from kvbench.tasks.shared import Context, Question, group_by_text, qa_samples, sharing
+from kvbench.tasks.shared import Context, Question, document_meta, group_by_text, qa_samples, sharing
 from kvbench.tasks.suite import option
 
 PRESETS = ("none", "longbench", "infinitebench", "scbench")
@@ -45,12 +45,13 @@ FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".arrow": "
 #: ``turns``: a column of ``[{input, answer}, ...]`` (SCBench's ``multi_turns``), several questions on one context.
 FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
     "none": {"context": ("context",), "question": ("input", "question"), "answers": ("answers", "answer"),
-             "id": ("_id", "id"), "turns": ("multi_turns",)},
+             "id": ("_id", "id"), "turns": ("multi_turns",), "document": ("document_id",)},
     "longbench": {"context": ("context",), "question": ("input",), "answers": ("answers",), "id": ("_id",),
-                  "turns": ()},
+                  "turns": (), "document": ("document_id",)},
     "infinitebench": {"context": ("context",), "question": ("input",), "answers": ("answer",), "id": ("id",),
-                      "turns": ()},
-    "scbench": {"context": ("context",), "question": (), "answers": (), "id": ("id",), "turns": ("multi_turns",)},
+                      "turns": (), "document": ("document_id",)},
+    "scbench": {"context": ("context",), "question": (), "answers": (), "id": ("id",), "turns": ("multi_turns",),
+                "document": ("document_id",)},
 }
 
 #: LongBench subset -> (metric, max new tokens). Metrics follow LongBench's ``dataset2metric``: ``qa_f1_score``
@@ -98,6 +99,9 @@ HF_DEFAULTS: dict[str, Any] = {
     "context_field": None, "question_field": None, "answers_field": None, "id_field": None,
     "turns_field": None,  # a column of [{input, answer}, ...] per row (null: the preset's, `multi_turns`)
     "metric_field": None,  # a column naming each row's metric
+    # the column naming the work a row's context is cut from (null: `document_id` when there is one): contexts of
+    # one work are one cluster of the intervals (spec v1.2 §2.2); without it each context is its own
+    "document_field": None,
     "metric": None,  # None: the preset's metric for the subset, else `substring`
     "context_tokens": 2048,
     "n_samples": 10,
@@ -293,6 +297,7 @@ def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
     q_f = None if t_f else _field(cfg, preset, "question", columns, False)
     a_f = None if t_f else _field(cfg, preset, "answers", columns, True)
     id_f = _field(cfg, preset, "id", columns, False)
+    doc_f = _field(cfg, preset, "document", columns, False)
     m_f = cfg.get("metric_field", None)
     if m_f and m_f not in columns:
         raise KVBenchError(f"task.metric_field={m_f!r} is not a column; valid: {', '.join(columns)}")
@@ -340,7 +345,8 @@ def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
                     sample_id=f"{name}/{key}/q{j}", text=_turn_text(turn), answers=_answers(turn.get("answer"), i),
                     metric=row_metric(i, row) if m_f else t_metric, max_new_tokens=t_max,
                     metadata={**base, "index": i, "source_docs": [f"{source}:{key}"]}))
-            contexts.append(Context(context_of(i, row), questions, context_id=f"{name}/{key}"))
+            contexts.append(Context(context_of(i, row), questions, context_id=f"{name}/{key}",
+                                    metadata=document_meta(row, doc_f)))
     else:
         if (k or 1) > 1:
             texts = [r if isinstance(r, str) else "" for r in rows[ctx_f]]
@@ -358,7 +364,8 @@ def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
                     metadata={**base, "index": i, "source_docs": [f"{source}:{key}"]}))
             first = rows[group[0]]
             shared_id = f"{name}/context/{row_key(group[0], first)}" if (k or 1) > 1 else None
-            contexts.append(Context(context_of(group[0], first), questions, context_id=shared_id))
+            contexts.append(Context(context_of(group[0], first), questions, context_id=shared_id,
+                                    metadata=document_meta(first, doc_f)))
     samples = qa_samples(contexts, tokenizer, context_tokens=int(option(cfg, "context_tokens", HF_DEFAULTS)),
                          query_aware=query_aware, instruction=str(option(cfg, "instruction", HF_DEFAULTS)),
                          answer_prefix=str(option(cfg, "answer_prefix", HF_DEFAULTS)), mode=mode)

@@ -21,7 +21,7 @@ from typing import Any
 from kvbench.errors import KVBenchError
 from kvbench.tasks.base import Sample, TaskInputs, answer_list, register_task
 from kvbench.tasks.metrics import TEXT_METRICS
-from kvbench.tasks.shared import Context, Question, group_by_text, qa_samples, sharing
+from kvbench.tasks.shared import Context, Question, document_meta, group_by_text, qa_samples, sharing
 from kvbench.tasks.suite import option
 
 JSONL_DEFAULTS: dict[str, Any] = {
@@ -36,6 +36,9 @@ JSONL_DEFAULTS: dict[str, Any] = {
     "answer_prefix": "",
     "seed": 0,
     "dataset_name": None,  # the name records carry as `task` (None: the file stem)
+    # the key naming the work a row's context is cut from: contexts of one work are one cluster of the intervals
+    # (spec v1.2 §2.2); a row without it is its own
+    "document_field": "document_id",
 }
 
 
@@ -90,6 +93,7 @@ def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
     all_rows = _rows(str(path))
     turns = any("multi_turns" in r for r in all_rows[:n])
     k, query_aware, mode = sharing(cfg, turns)
+    doc_f = str(option(cfg, "document_field", JSONL_DEFAULTS) or "")
     base = {"task": "jsonl", "variant": "qa", "seed": int(option(cfg, "seed", JSONL_DEFAULTS)), "depth": None,
             "needle_token_index": None, "distractors": 0}
 
@@ -112,7 +116,8 @@ def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
                 raise KVBenchError(f"row {i} of {path}: multi_turns must be a non-empty list of {{input, answer}}")
             qs = [question(i, row, f"jsonl/{key}/q{j}", t.get("input", t.get("question")), _answers(t, i))
                   for j, t in enumerate(items[:k] if k else items)]
-            contexts.append(Context(context_of(i, row), qs, context_id=f"jsonl/{key}"))
+            contexts.append(Context(context_of(i, row), qs, context_id=f"jsonl/{key}",
+                                    metadata=document_meta(row, doc_f)))
     else:
         if (k or 1) > 1:
             groups = group_by_text([r.get("context") if isinstance(r.get("context"), str) else "" for r in all_rows],
@@ -129,7 +134,8 @@ def build(cfg: Any, tokenizer: Any, max_context: int) -> list[Sample]:
                                    _answers(row, i)))
             first = all_rows[group[0]]
             shared_id = f"jsonl/context/{_row_id(first) or group[0]}" if (k or 1) > 1 else None
-            contexts.append(Context(context_of(group[0], first), qs, context_id=shared_id))
+            contexts.append(Context(context_of(group[0], first), qs, context_id=shared_id,
+                                    metadata=document_meta(first, doc_f)))
     samples = qa_samples(contexts, tokenizer, context_tokens=int(option(cfg, "context_tokens", JSONL_DEFAULTS)),
                          query_aware=query_aware, instruction=str(option(cfg, "instruction", JSONL_DEFAULTS)),
                          answer_prefix=str(option(cfg, "answer_prefix", JSONL_DEFAULTS)), mode=mode)

@@ -19,8 +19,11 @@ A dataset row gives a context and one question (LongBench's layout) or a context
   itself prefills the first question with the context and keeps every turn in the cache; here the context alone
   is compressed and the history is part of each question's uncompressed query.
 
-Questions of one context share a ``context_id`` and a ``document_id`` (the context): intervals cluster on it
-(docs/measurement-spec.md §2), as for the built-in multi-question tasks.
+Questions of one context share a ``context_id`` and a ``document_id``: the data's own (a ``document_id`` column,
+or the one ``task.document_field`` names: contexts cut from one work are one cluster), else the context.
+Intervals cluster on it (docs/measurement-spec.md §2.2), as for the built-in multi-question tasks. Each sample
+records the ``task.context_tokens`` it was built under as ``context_budget``: its length band
+(:mod:`kvbench.bands`), since contexts keep their natural lengths under it.
 """
 
 from __future__ import annotations
@@ -97,6 +100,12 @@ def group_by_text(texts: list[str], k: int, n: int) -> list[list[int]]:
     return out
 
 
+def document_meta(row: dict[str, Any], column: str | None) -> dict[str, Any]:
+    """``{"document_id": ...}`` from ``row[column]`` when the row names its work there, else nothing."""
+    value = row.get(column) if column else None
+    return {"document_id": str(value)} if value not in (None, "") else {}
+
+
 def _history(questions: list[Question], j: int, mode: str) -> str:
     """Question j's text; in multi-turn mode after the earlier questions and their reference answers."""
     if mode != "multi_turn" or j == 0:
@@ -131,10 +140,11 @@ def qa_samples(contexts: list[Context], tokenizer: Any, *, context_tokens: int, 
             prefix, query = p.assemble(document, query_aware)
             meta = {**c.metadata, **q.metadata, "template": p.template, "context_tokens": len(prefix),
                     "query_aware": query_aware, "original_context_tokens": len(ctx_ids),
-                    "truncated": len(ctx_ids) > budget, "truncation": "middle", "question": q.text}
+                    "truncated": len(ctx_ids) > budget, "truncation": "middle", "question": q.text,
+                    "context_budget": context_tokens}
             if c.context_id is not None:
-                meta.update(context_id=c.context_id, document_id=c.context_id, question_index=j,
-                            questions_per_context=len(c.questions), shared_context=mode)
+                meta.update(context_id=c.context_id, document_id=c.metadata.get("document_id") or c.context_id,
+                            question_index=j, questions_per_context=len(c.questions), shared_context=mode)
             samples.append(Sample(
                 sample_id=q.sample_id, prefix_ids=prefix, query_ids=query,
                 gold_ids=p.gold_ids(tokenizer, q.answers[0]), answers=q.answers, metric=q.metric,
