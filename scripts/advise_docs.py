@@ -93,7 +93,11 @@ def render(results_root: Path = ROOT / "results") -> str:
         "* **Choice.** Among the strategies that serve the load, the evidence first — `full` and strategies "
         "whose interval holds the margin, then those undetermined with Δ above −1 point; never one that "
         "fails, is undetermined below the margin or was never measured — then the predicted tokens/s. "
-        "When nothing serves the whole load, the admissible strategy serving the most of it.", "",
+        "When nothing serves the whole load, the admissible strategy serving the most of it. When nothing "
+        "admissible fits at all, the same ranking is repeated for the smallest change that makes something fit — "
+        "the fewest cards to shard over (`devices=N`, up to 8; not offered on a host) and the least weight "
+        "quantisation (`weight_dtype=int8`, else `int4`), each preferring what serves the whole load — and the "
+        "sentence names what each would use (weight quantisation's own accuracy cost is not measured here).", "",
         "The evidence today is the embedded 135M model's, so for every model below it is another model's "
         "evidence; it says which compressions kept accuracy there, not that they keep it on Llama.", "",
         f"## Consumer card, server card, laptop and CPU: task `{TASK}`, {CONCURRENCY} concurrent sequences", "",
