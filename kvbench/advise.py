@@ -38,7 +38,7 @@ bf16 weights on one 80 GB card), the same ranking is repeated for the smallest c
 the fewest devices to shard over (``devices=N``, up to 8), and the least weight quantisation
 (``weight_dtype=int8``, else ``int4``) — and the sentence names what each would use.
 
-The leaderboard's "By hardware profile" section is :func:`hardware_section` over the leaderboard's own table.
+The leaderboard's "By hardware profile" section is :func:`hardware_rows` over the leaderboard's own table.
 """
 
 from __future__ import annotations
@@ -581,11 +581,24 @@ def _csv_rows(a: Advice, variant: str) -> list[dict[str, Any]]:
     return rows
 
 
-def hardware_section(table: Any, records: Any, tasks: list[str], setting: str, model: str, context: int,
-                     profiles: Iterable[str] | None = None) -> list[str]:
-    """The leaderboard's "By hardware profile" lines: for its own model at its pooled length, what
-    :func:`advise` recommends on each shipped profile from the leaderboard's own table and pooled evidence."""
-    from kvbench.hardware import available_profiles, load_profile
+#: The leaderboard's "By hardware profile" columns (:func:`hardware_rows`' keys, in order).
+HARDWARE_COLUMNS = ("hardware", "recommendation", "fits (recommended)", "tokens/s (bound)", "why")
+
+
+def shipped_profiles() -> list[str]:
+    """The committed profiles: ``conf/hardware/*.yaml`` without ``probed`` (``kvbench hardware probe``'s
+    untracked output), so a page computed from them is the same on every machine."""
+    from kvbench.hardware import available_profiles
+
+    return [p for p in available_profiles() if p != "probed"]
+
+
+def hardware_rows(table: Any, records: Any, tasks: list[str], setting: str, model: str, context: int,
+                  profiles: Iterable[str] | None = None) -> list[dict[str, str]]:
+    """The leaderboard's "By hardware profile" rows (keys :data:`HARDWARE_COLUMNS`): for its own model at its
+    pooled length, what :func:`advise` recommends on each shipped profile from the leaderboard's own table and
+    pooled evidence; empty when the model's geometry is not known here."""
+    from kvbench.hardware import load_profile
 
     try:
         arch = calc.resolve_model(model)
@@ -596,16 +609,23 @@ def hardware_section(table: Any, records: Any, tasks: list[str], setting: str, m
         return f"{context:,}" if scope == OVERALL else task_lengths(records[records["strategy"] == label], scope)
 
     measured = measured_from_table(table, setting, lengths, "this leaderboard", tasks)
-    out = ["| hardware | recommendation | fits (recommended) | tokens/s (bound) | why |", "|---|---|---:|---:|---|"]
-    for name in profiles or available_profiles():
-        d = Deployment(arch=arch, hardware=load_profile(name), context=context, task=OVERALL)
-        a = advise(d, measured)
+    out = []
+    for name in profiles or shipped_profiles():
+        a = advise(Deployment(arch=arch, hardware=load_profile(name), context=context, task=OVERALL), measured)
         r = a.recommendation
-        rec = r.strategy.short if r else "–"
-        fits = f"{r.fits:,}" if r else "–"
-        speed = f"{r.tokens_per_s:,.0f} ({r.decode_bound})" if r else "–"
-        out.append(f"| {name} | {rec} | {fits} | {speed} | {a.reason} |")
+        cells = (name, r.strategy.short if r else "–", f"{r.fits:,}" if r else "–",
+                 f"{r.tokens_per_s:,.0f} ({r.decode_bound})" if r else "–", a.reason)
+        out.append(dict(zip(HARDWARE_COLUMNS, cells, strict=True)))
     return out
+
+
+def hardware_section(*args: Any, **kwargs: Any) -> list[str]:
+    """:func:`hardware_rows` as Markdown table lines (none when there are no rows)."""
+    rows = hardware_rows(*args, **kwargs)
+    if not rows:
+        return []
+    return ["| " + " | ".join(HARDWARE_COLUMNS) + " |", "|---|---|---:|---:|---|",
+            *("| " + " | ".join(r.values()) + " |" for r in rows)]
 
 
 # -- configuration and command line -----------------------------------------------------------------------

@@ -248,3 +248,33 @@ def test_docs_page_is_what_the_script_writes_and_its_figures_hold():
     for model, context, _ in docs.DEPLOYMENTS:
         for profile in docs.PROFILES:
             assert f"| {calc.preset(model).name} | {context:,} | {profile} |" in text
+
+
+# -- the leaderboard's "By hardware profile" section ---------------------------------------------------------
+def test_leaderboard_pages_carry_the_hardware_section_from_advise(store_dir):
+    """Markdown and HTML show, per committed profile, what advise's own code recommends from the page's table."""
+    import html
+
+    from kvbench import leaderboard
+    from kvbench.results import read_store
+
+    records = read_store(store_dir).assign(model="smollm2-135m")  # a geometry kvbench.calc knows
+    lb = leaderboard.build(records)
+    setting = lb.settings[0]
+    rows = advise.hardware_rows(lb.table, lb.records[lb.records["setting"] == setting], lb.tasks, setting,
+                                "smollm2-135m", lb.pooled_scope(setting).tokens)
+    assert [r["hardware"] for r in rows] == advise.shipped_profiles()
+    md, page = leaderboard.render_markdown(lb), leaderboard.render_html(lb)
+    assert "### By hardware profile (smollm2-135m," in md and f'id="table-{setting}-hardware"' in page
+    for r in rows:
+        assert f"| {r['hardware']} | {r['recommendation']} | {r['fits (recommended)']} |" in md
+        assert html.escape(r["why"]) in page
+    # A model whose geometry is unknown here gets no section rather than a guess.
+    assert "By hardware profile" not in leaderboard.render_markdown(leaderboard.build(read_store(store_dir)))
+
+
+def test_shipped_profiles_leave_out_the_untracked_probe(monkeypatch):
+    import kvbench.hardware
+
+    monkeypatch.setattr(kvbench.hardware, "available_profiles", lambda: ["cpu", "probed", "server-gpu-80g"])
+    assert advise.shipped_profiles() == ["cpu", "server-gpu-80g"]
