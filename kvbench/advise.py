@@ -323,7 +323,7 @@ def decode_step(d: Deployment, bpe: float, kept: float, batch: int) -> tuple[flo
     a = d.arch
     nbytes = calc.weight_bytes(a, d.weight_bytes_per_param) + batch * calc.kv_bytes(a, d.context, 1, bpe)
     held = kept * d.context * a.num_layers
-    flops = batch * (2 * a.params + attention_flops(a.head_dim, held, a.num_attention_heads, a.num_kv_heads))
+    flops = batch * (2 * a.params + attention_flops(a.head_dim, held, a.num_attention_heads))
     return profile_roofline(d.device, nbytes, flops)
 
 
@@ -333,7 +333,7 @@ def prefill(d: Deployment) -> tuple[float, str]:
     a = d.arch
     nbytes = calc.weight_bytes(a, d.weight_bytes_per_param) + calc.kv_bytes(a, d.context, 1, 2.0)
     held = a.num_layers * d.context * d.context / 2
-    flops = 2 * a.params * d.context + attention_flops(a.head_dim, held, a.num_attention_heads, a.num_kv_heads)
+    flops = 2 * a.params * d.context + attention_flops(a.head_dim, held, a.num_attention_heads)
     return profile_roofline(d.device, nbytes, flops)
 
 
