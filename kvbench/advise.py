@@ -689,6 +689,9 @@ def model_arch(model: Any) -> calc.ModelArch:
     if path:
         return calc.resolve_model(str(path))
     name = str(model.name)
+    if name == "local":  # conf/model/local.yaml's path is mandatory (???): say which key is missing
+        raise KVBenchError("model=local: model.path must be given (a checkpoint directory or its config.json), "
+                           "e.g. model.path=/models/Llama-3.2-1B")
     if name == "tiny-llama":
         from kvbench.models import tiny_llama
 

@@ -215,6 +215,7 @@ def test_done_when_command(tmp_path, capsys, monkeypatch):
     ("setting=nope", "query-aware"),
     ("concurrency=0", "concurrency"),
     ("weight_dtype=fp7", "bf16"),
+    ("model=local", "model.path must be given"),
 ])
 def test_bad_input_is_one_line_exit_2(override, fragment, capsys, tmp_path):
     assert advise.main([override, "out=null", f"results_root={ROOT / 'results'}"]) == 2
