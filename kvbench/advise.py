@@ -35,8 +35,9 @@ never one that fails, is undetermined below the margin, or was never measured on
 predicted tokens/s. Offloading (``tiered``) moves bytes off the device instead of saving them and is left out,
 as the leaderboard leaves it out of its ranking. When nothing admissible fits as asked (Llama-3-70B's 141 GB of
 bf16 weights on one 80 GB card), the same ranking is repeated for the smallest change that makes something fit —
-the fewest devices to shard over (``devices=N``, up to 8), and the least weight quantisation
-(``weight_dtype=int8``, else ``int4``) — and the sentence names what each would use.
+the fewest accelerators to shard over (``devices=N``, up to 8; a host is not multiplied), and the least weight
+quantisation (``weight_dtype=int8``, else ``int4``), each preferring what serves the whole load — and the sentence
+names what each would use.
 
 The leaderboard's "By hardware profile" section is :func:`hardware_rows` over the leaderboard's own table.
 """
