@@ -33,9 +33,13 @@ each decode step within ``latency_ms`` when given; otherwise as many sequences a
 (``full`` and strategies whose interval holds the margin, then those undetermined with Δ above −1 point;
 never one that fails, is undetermined below the margin, or was never measured on the task), then the
 predicted tokens/s. Offloading (``tiered``) moves bytes off the device instead of saving them and is left out,
-as the leaderboard leaves it out of its ranking.
+as the leaderboard leaves it out of its ranking. When nothing admissible fits as asked (Llama-3-70B's 141 GB of
+bf16 weights on one 80 GB card), the same ranking is repeated for the smallest change that makes something fit —
+the fewest accelerators to shard over (``devices=N``, up to 8; a host is not multiplied), and the least weight
+quantisation (``weight_dtype=int8``, else ``int4``), each preferring what serves the whole load — and the sentence
+names what each would use.
 
-The leaderboard's "By hardware profile" section is :func:`hardware_section` over the leaderboard's own table.
+The leaderboard's "By hardware profile" section is :func:`hardware_rows` over the leaderboard's own table.
 """
 
 from __future__ import annotations
@@ -56,9 +60,17 @@ from kvbench.vocab import BASELINE, OFFLOADING_FAMILIES, OVERALL, QUERY_AGNOSTIC
 
 CONFIG_NAME = "advise"
 NOT_MEASURED = "never measured on this task"
+EXACT = "exact"  # the baseline's verdict: it is the reference every Δ is measured against
 #: Evidence tiers, best first: what the recommendation may choose (the first two) and what it may not.
 TIERS = {WITHIN: 0, UNDECIDED_IN: 1, NOT_MEASURED: 2, UNDECIDED_OUT: 3, BEYOND: 4}
 ADMISSIBLE = 1  # tiers up to this one may be recommended
+#: What is tried when nothing admissible fits as asked: sharding over more identical accelerators (up to one node of
+#: 8), and weights held in fewer bytes per parameter (weight quantisation's own accuracy cost is not measured here).
+MAX_DEVICES = 8
+LIGHTER_WEIGHTS = ("int8", "int4")
+SHARD_OR_QUANTISE = "; shard them (devices=N) or quantise them (weight_dtype=int8|int4)"
+WEIGHT_NOTE = ("weights below 2 bytes per parameter: weight quantisation's own accuracy cost is not measured here "
+               "(the Δ column is each KV strategy's with 16-bit weights)")
 
 
 @dataclass
@@ -312,7 +324,7 @@ def decode_step(d: Deployment, bpe: float, kept: float, batch: int) -> tuple[flo
     a = d.arch
     nbytes = calc.weight_bytes(a, d.weight_bytes_per_param) + batch * calc.kv_bytes(a, d.context, 1, bpe)
     held = kept * d.context * a.num_layers
-    flops = batch * (2 * a.params + attention_flops(a.head_dim, held, a.num_attention_heads, a.num_kv_heads))
+    flops = batch * (2 * a.params + attention_flops(a.head_dim, held, a.num_attention_heads))
     return profile_roofline(d.device, nbytes, flops)
 
 
@@ -322,7 +334,7 @@ def prefill(d: Deployment) -> tuple[float, str]:
     a = d.arch
     nbytes = calc.weight_bytes(a, d.weight_bytes_per_param) + calc.kv_bytes(a, d.context, 1, 2.0)
     held = a.num_layers * d.context * d.context / 2
-    flops = 2 * a.params * d.context + attention_flops(a.head_dim, held, a.num_attention_heads, a.num_kv_heads)
+    flops = 2 * a.params * d.context + attention_flops(a.head_dim, held, a.num_attention_heads)
     return profile_roofline(d.device, nbytes, flops)
 
 
@@ -347,7 +359,7 @@ def project(d: Deployment, m: Measured) -> Row:
                memory_saved=1 - bpe / full_bpe, fits=fits, batch=batch, serves=serves,
                tokens_per_s=batch / step if batch else 0.0, ms_per_step=1000 * step, decode_bound=bound,
                ttft_s=first, ttft_bound=first_bound, evidence=evidence,
-               verdict=evidence.verdict if evidence else NOT_MEASURED)
+               verdict=EXACT if m.label == BASELINE else evidence.verdict if evidence else NOT_MEASURED)
 
 
 @dataclass(frozen=True)
@@ -357,6 +369,8 @@ class Advice:
     recommendation: Row | None
     reason: str
     notes: list[str]
+    #: When nothing admissible fits as asked: (the override, its advice) for the smallest change that helps.
+    alternatives: list[tuple[str, Advice]] = field(default_factory=list)
 
 
 def _rank_key(r: Row) -> tuple:
@@ -390,8 +404,7 @@ def recommend(d: Deployment, rows: list[Row]) -> tuple[Row | None, str]:
         usable = hw.memory_bytes * (1 - d.reserve)
         if weights > usable:
             return None, (f"Nothing fits: {a.name}'s weights alone ({weights / calc.GB:,.1f} GB) exceed the usable "
-                          f"{usable / calc.GB:,.1f} GB of {hw.name}; shard them (devices=N) or quantise them "
-                          "(weight_dtype=int8|int4).")
+                          f"{usable / calc.GB:,.1f} GB of {hw.name}{SHARD_OR_QUANTISE}.")
         return None, (f"Nothing fits: not one {d.context:,}-token sequence fits beside {a.name}'s weights on "
                       f"{hw.name} under any measured strategy.")
     ok = [r for r in rows if r.admissible and r.fits]
@@ -407,7 +420,8 @@ def recommend(d: Deployment, rows: list[Row]) -> tuple[Row | None, str]:
         elif d.latency_ms:
             why = f"{best.batch:,} sequences decode within {d.latency_ms:g} ms a step, {speed}"
         else:
-            why = f"{best.fits:,} sequences fit, decoding {speed} together"
+            why = (f"{best.fits:,} sequences fit, decoding {speed} together" if best.fits > 1 else
+                   f"one sequence fits, decoding {speed}")
         faster = [r for r in rows if r.serves and r.tokens_per_s > best.tokens_per_s * 1.001]
         caveat = ""
         if faster:
@@ -420,8 +434,39 @@ def recommend(d: Deployment, rows: list[Row]) -> tuple[Row | None, str]:
                   "the load needs more memory (devices=N) or a strategy not yet shown to keep accuracy.")
 
 
-def advise(d: Deployment, measured: Iterable[Measured], only: list[str] | None = None) -> Advice:
-    """Rank every measured strategy for ``d`` and recommend one (see the module docstring)."""
+def alternatives(d: Deployment, measured: list[Measured], only: list[str] | None = None) -> list[tuple[str, Advice]]:
+    """The smallest changes under which :func:`advise` finds an admissible strategy that fits — the fewest devices
+    (accelerators only: on a host, more memory means another machine), and separately the least weight quantisation —
+    each the first that serves the whole load when one does, as (the ``kvbench advise`` override, its advice)."""
+    tries: list[list[tuple[str, Deployment]]] = [[], []]
+    if d.hardware.device != "cpu":
+        tries[0] = [(f"devices={n}", replace(d, devices=n)) for n in range(d.devices + 1, MAX_DEVICES + 1)]
+    tries[1] = [(f"weight_dtype={t}", replace(d, weight_bytes_per_param=calc.dtype_bytes(t)))
+                for t in LIGHTER_WEIGHTS if calc.dtype_bytes(t) < d.weight_bytes_per_param]
+    out = []
+    for options in tries:
+        found = [(how, advise(alt, measured, only, explore=False)) for how, alt in options]
+        found = [(how, a) for how, a in found if a.recommendation is not None]
+        serving = [(how, a) for how, a in found if a.recommendation.serves]
+        if serving or found:
+            out.append((serving or found)[0])
+    # The asked deployment's notes are printed once, above; an alternative keeps only what is its own.
+    return [(how, replace(a, notes=[n for n in a.notes if n == WEIGHT_NOTE])) for how, a in out]
+
+
+def _summary(how: str, a: Advice) -> str:
+    """One clause for an alternative: the override, the strategy it would use, how much of the load it serves."""
+    r, d = a.recommendation, a.deployment
+    assert r is not None
+    load = f"{r.batch:,} of {d.concurrency} sequences" if d.concurrency and not r.serves else \
+        f"{r.batch:,} sequence{'s' if r.batch != 1 else ''}"
+    return f"with {how} use {r.strategy.short} ({load} at a predicted {r.tokens_per_s:,.0f} tokens/s)"
+
+
+def advise(d: Deployment, measured: Iterable[Measured], only: list[str] | None = None,
+           explore: bool = True) -> Advice:
+    """Rank every measured strategy for ``d`` and recommend one (see the module docstring). When nothing
+    admissible fits and ``explore``, :func:`alternatives` says what would: more devices or lighter weights."""
     measured = list(measured)
     notes = []
     if only:
@@ -450,10 +495,17 @@ def advise(d: Deployment, measured: Iterable[Measured], only: list[str] | None =
     if limit and d.context > limit:
         notes.append(f"{d.arch.name} is configured for {limit:,} positions; {d.context:,} tokens needs a "
                      "long-context variant of the same shape (the arithmetic holds for it)")
+    if d.weight_bytes_per_param < 2:
+        notes.append(WEIGHT_NOTE)
     if any(r.strategy.name == "quant_recompute" for r in rows):
         notes.append("quant_recompute's recomputation is not in its predicted speed (its stored bytes are)")
     best, reason = recommend(d, rows)
-    return Advice(d, rows, best, reason, notes)
+    others = alternatives(d, measured, only) if best is None and explore else []
+    if others:
+        reason = (f"{reason.removesuffix('.').removesuffix(SHARD_OR_QUANTISE)}; "
+                  f"{', or '.join(_summary(how, a) for how, a in others)} "
+                  f"({'each ' if len(others) > 1 else ''}ranked below).")
+    return Advice(d, rows, best, reason, notes, others)
 
 
 # -- output -----------------------------------------------------------------------------------------------
@@ -464,7 +516,7 @@ HEADER = ("rank", "strategy", "fits", "batch", "tokens/s (bound)", "ms/step", "T
 def _cells(i: int, r: Row, d: Deployment) -> list[str]:
     e = r.evidence
     if r.strategy.label == BASELINE:
-        delta, verdict, where = "reference", "exact", "–"
+        delta, verdict, where = "reference", EXACT, "–"
     elif e is None:
         delta, verdict, where = "–", f"never measured on {d.task}", "–"
     else:
@@ -476,6 +528,11 @@ def _cells(i: int, r: Row, d: Deployment) -> list[str]:
             f"{r.kv_bytes_per_seq / calc.GB:,.3f}", f"{100 * r.memory_saved:.1f}%", delta, verdict, where]
 
 
+def _tflops(flops: float) -> str:
+    t = flops / 1e12
+    return f"{t:,.0f}" if t >= 100 else f"{t:.3g}"
+
+
 def render_markdown(a: Advice, title: bool = True) -> str:
     d = a.deployment
     hw = d.device
@@ -484,24 +541,36 @@ def render_markdown(a: Advice, title: bool = True) -> str:
     lines += [f"Load: {d.load_text()}. Memory: {hw.memory_bytes / calc.GB:,.1f} GB less a {d.reserve:g} reserve, "
               f"weights {calc.weight_bytes(d.arch, d.weight_bytes_per_param) / calc.GB:,.1f} GB at "
               f"{d.weight_bytes_per_param:g} B/param. Roofline over {hw.device_mem_bw_gbps:,g} GB/s and "
-              f"{hw.peak_flops / 1e12:,.3g} TFLOP/s (the profile's figures: speeds are upper bounds).", "",
+              f"{_tflops(hw.peak_flops)} TFLOP/s (the profile's figures: speeds are upper bounds).", "",
               f"**Recommendation.** {a.reason}", "",
               "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(_cells(i, r, d)) + " |" for i, r in enumerate(a.rows, 1)]
     lines += ["", *(f"Note: {n}." for n in a.notes)]
+    for how, alt in a.alternatives:
+        lines += ["", f"## With `{how}`", "", render_markdown(alt, title=False).rstrip()]
     return "\n".join(lines).rstrip() + "\n"
 
 
 def render_csv(a: Advice) -> str:
+    """Every ranked row, the alternatives' after the asked deployment's (``variant``: ``as asked`` or the override)."""
     import pandas as pd
 
+    rows = [*_csv_rows(a, "as asked")]
+    for how, alt in a.alternatives:
+        rows += _csv_rows(alt, how)
+    return pd.DataFrame(rows).to_csv(index=False, float_format="%.6g", lineterminator="\n")
+
+
+def _csv_rows(a: Advice, variant: str) -> list[dict[str, Any]]:
     d = a.deployment
     rows = []
     for i, r in enumerate(a.rows, 1):
         e = r.evidence
-        rows.append({"rank": i, "strategy": r.strategy.short, "label": r.strategy.label, "model": d.arch.name,
+        rows.append({"variant": variant, "rank": i, "strategy": r.strategy.short, "label": r.strategy.label,
+                     "model": d.arch.name,
                      "context": d.context, "hardware": d.device.name, "task": d.task, "concurrency": d.concurrency,
-                     "latency_ms": d.latency_ms, "bytes_per_element": r.bytes_per_element,
+                     "latency_ms": d.latency_ms, "weight_bytes_per_param": d.weight_bytes_per_param,
+                     "bytes_per_element": r.bytes_per_element,
                      "kv_bytes_per_seq": r.kv_bytes_per_seq, "memory_saved": r.memory_saved, "fits": r.fits,
                      "batch": r.batch, "serves": r.serves, "tokens_per_s": r.tokens_per_s, "ms_per_step": r.ms_per_step,
                      "decode_bound": r.decode_bound, "ttft_s": r.ttft_s, "ttft_bound": r.ttft_bound,
@@ -510,14 +579,27 @@ def render_csv(a: Advice) -> str:
                      "measured_model": e.model if e else None, "measured_contexts": e.contexts if e else None,
                      "evidence_source": e.source if e else None,
                      "recommended": a.recommendation is r})
-    return pd.DataFrame(rows).to_csv(index=False, float_format="%.6g", lineterminator="\n")
+    return rows
 
 
-def hardware_section(table: Any, records: Any, tasks: list[str], setting: str, model: str, context: int,
-                     profiles: Iterable[str] | None = None) -> list[str]:
-    """The leaderboard's "By hardware profile" lines: for its own model at its pooled length, what
-    :func:`advise` recommends on each shipped profile from the leaderboard's own table and pooled evidence."""
-    from kvbench.hardware import available_profiles, load_profile
+#: The leaderboard's "By hardware profile" columns (:func:`hardware_rows`' keys, in order).
+HARDWARE_COLUMNS = ("hardware", "recommendation", "fits (recommended)", "tokens/s (bound)", "why")
+
+
+def shipped_profiles() -> list[str]:
+    """The committed profiles: ``conf/hardware/*.yaml`` without ``probed`` (``kvbench hardware probe``'s
+    untracked output), so a page computed from them is the same on every machine."""
+    from kvbench.hardware import available_profiles
+
+    return [p for p in available_profiles() if p != "probed"]
+
+
+def hardware_rows(table: Any, records: Any, tasks: list[str], setting: str, model: str, context: int,
+                  profiles: Iterable[str] | None = None) -> list[dict[str, str]]:
+    """The leaderboard's "By hardware profile" rows (keys :data:`HARDWARE_COLUMNS`): for its own model at its
+    pooled length, what :func:`advise` recommends on each shipped profile from the leaderboard's own table and
+    pooled evidence; empty when the model's geometry is not known here."""
+    from kvbench.hardware import load_profile
 
     try:
         arch = calc.resolve_model(model)
@@ -528,16 +610,23 @@ def hardware_section(table: Any, records: Any, tasks: list[str], setting: str, m
         return f"{context:,}" if scope == OVERALL else task_lengths(records[records["strategy"] == label], scope)
 
     measured = measured_from_table(table, setting, lengths, "this leaderboard", tasks)
-    out = ["| hardware | recommendation | fits (recommended) | tokens/s (bound) | why |", "|---|---|---:|---:|---|"]
-    for name in profiles or available_profiles():
-        d = Deployment(arch=arch, hardware=load_profile(name), context=context, task=OVERALL)
-        a = advise(d, measured)
+    out = []
+    for name in profiles or shipped_profiles():
+        a = advise(Deployment(arch=arch, hardware=load_profile(name), context=context, task=OVERALL), measured)
         r = a.recommendation
-        rec = r.strategy.short if r else "–"
-        fits = f"{r.fits:,}" if r else "–"
-        speed = f"{r.tokens_per_s:,.0f} ({r.decode_bound})" if r else "–"
-        out.append(f"| {name} | {rec} | {fits} | {speed} | {a.reason} |")
+        cells = (name, r.strategy.short if r else "–", f"{r.fits:,}" if r else "–",
+                 f"{r.tokens_per_s:,.0f} ({r.decode_bound})" if r else "–", a.reason)
+        out.append(dict(zip(HARDWARE_COLUMNS, cells, strict=True)))
     return out
+
+
+def hardware_section(*args: Any, **kwargs: Any) -> list[str]:
+    """:func:`hardware_rows` as Markdown table lines (none when there are no rows)."""
+    rows = hardware_rows(*args, **kwargs)
+    if not rows:
+        return []
+    return ["| " + " | ".join(HARDWARE_COLUMNS) + " |", "|---|---|---:|---:|---|",
+            *("| " + " | ".join(r.values()) + " |" for r in rows)]
 
 
 # -- configuration and command line -----------------------------------------------------------------------
@@ -601,6 +690,9 @@ def model_arch(model: Any) -> calc.ModelArch:
     if path:
         return calc.resolve_model(str(path))
     name = str(model.name)
+    if name == "local":  # conf/model/local.yaml's path is mandatory (???): say which key is missing
+        raise KVBenchError("model=local: model.path must be given (a checkpoint directory or its config.json), "
+                           "e.g. model.path=/models/Llama-3.2-1B")
     if name == "tiny-llama":
         from kvbench.models import tiny_llama
 

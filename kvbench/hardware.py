@@ -216,10 +216,12 @@ def modelled_recompute_seconds(profile: HardwareProfile, flops: float) -> float:
 MEMORY, COMPUTE = "memory", "compute"
 
 
-def attention_flops(head_dim: int, held_tokens: float, heads: int, kv_heads: int) -> float:
-    """FLOPs of one new token's attention over ``held_tokens`` (summed over layers): each held KV token is
-    scored (q·k, 2 × head_dim) and mixed (p·v, 2 × head_dim) by ``heads / kv_heads`` query heads per KV head."""
-    return 4 * head_dim * held_tokens * heads / kv_heads
+def attention_flops(head_dim: int, held_tokens: float, heads: int) -> float:
+    """FLOPs of one new token's attention over ``held_tokens`` (tokens held, summed over layers): every query head
+    scores each held token (q·k, 2 × head_dim) and mixes its value (p·v, 2 × head_dim). Grouped-query attention
+    (Ainslie et al., 2023, "GQA") shares each KV head among ``heads / kv_heads`` query heads: it divides the bytes
+    read, not these FLOPs, so the KV head count does not appear here."""
+    return 4 * head_dim * held_tokens * heads
 
 
 def roofline_seconds(nbytes: float, flops: float, bandwidth_bytes_per_s: float, flops_per_s: float

@@ -391,9 +391,8 @@ def roofline_fields(bench: Bench, rows: int, reads: float, held_tokens: float) -
     wbytes, params = linear_bytes_read(bench.lm.model, rows)
     heads = int(cfg.num_attention_heads)
     head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
     # held_tokens sums every layer's held tokens (the same formula `kvbench advise` predicts with).
-    attn = attention_flops(head_dim, held_tokens, heads, kv_heads)
+    attn = attention_flops(head_dim, held_tokens, heads)
     native, _ = linear_bytes_read(bench.lm.model, 1)
     return {"weight_read_bytes": wbytes, "weight_native_read_bytes": native, "kv_read_bytes": rows * reads,
             "flops": rows * (2 * params + attn)}

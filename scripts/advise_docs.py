@@ -57,6 +57,10 @@ def _served(a) -> str:
     return f"{r.strategy.short} ({r.batch} of {a.deployment.concurrency} sequences)"
 
 
+def _alternatives(a) -> str:
+    return " or ".join(f"`{how}` with {_served(alt)}" for how, alt in a.alternatives) or "none within 8 cards"
+
+
 def render(results_root: Path = ROOT / "results") -> str:
     from kvbench import calc
 
@@ -93,7 +97,11 @@ def render(results_root: Path = ROOT / "results") -> str:
         "* **Choice.** Among the strategies that serve the load, the evidence first — `full` and strategies "
         "whose interval holds the margin, then those undetermined with Δ above −1 point; never one that "
         "fails, is undetermined below the margin or was never measured — then the predicted tokens/s. "
-        "When nothing serves the whole load, the admissible strategy serving the most of it.", "",
+        "When nothing serves the whole load, the admissible strategy serving the most of it. When nothing "
+        "admissible fits at all, the same ranking is repeated for the smallest change that makes something fit — "
+        "the fewest cards to shard over (`devices=N`, up to 8; not offered on a host) and the least weight "
+        "quantisation (`weight_dtype=int8`, else `int4`), each preferring what serves the whole load — and the "
+        "sentence names what each would use (weight quantisation's own accuracy cost is not measured here).", "",
         "The evidence today is the embedded 135M model's, so for every model below it is another model's "
         "evidence; it says which compressions kept accuracy there, not that they keep it on Llama.", "",
         f"## Consumer card, server card, laptop and CPU: task `{TASK}`, {CONCURRENCY} concurrent sequences", "",
@@ -122,7 +130,8 @@ def render(results_root: Path = ROOT / "results") -> str:
         f"(`kvbench calc claim`: the source's \"~48 GB\" is {48e9 / kv:.1f} sequences' worth), but its "
         f"{calc.weight_bytes(big) / calc.GB:,.0f} GB of bf16 weights fit none of these devices alone. On two 80 GB "
         f"cards the cache decides how many users fit: {_full(two).fits} with the exact cache, "
-        f"{_served(two)}.",
+        f"{_served(two)}. Asked about one 80 GB card, the command names the smallest changes instead: "
+        f"{_alternatives(pick[('Llama-3-70B', 12_000, 'server-gpu-80g')])}.",
         f"* **Consumer card against server card, Llama-3.1-8B at 32K:** the 24 GB card holds "
         f"{_full(consumer).fits} exact-cache sequence(s) beside the weights and the advice is {_served(consumer)}; "
         f"the 80 GB card holds {_full(server).fits} and the advice is {_served(server)}. At 128K the server card "

@@ -76,7 +76,9 @@ def test_fits_and_speed_are_calc_and_the_roofline(measured):
     # One decode step of 14 sequences: memory-bound on the H100's 3.35 TB/s.
     b = rows["full"].batch
     nbytes = weights + b * per_seq
-    flops = b * (2 * arch.params + 4 * 128 * 32_768 * 32 * 32 / 8)
+    # Every one of the 32 query heads scores and mixes each of the 32 layers' 32,768 held tokens (4 × head_dim
+    # FLOPs); grouped-query attention shares KV heads, it does not skip query heads.
+    flops = b * (2 * arch.params + 4 * 128 * 32_768 * 32 * 32)
     assert nbytes / (hw.device_mem_bw_gbps * GB) > flops / hw.peak_flops
     assert rows["full"].decode_bound == "memory"
     assert rows["full"].tokens_per_s == pytest.approx(b / (nbytes / (hw.device_mem_bw_gbps * GB)))
@@ -120,12 +122,47 @@ def test_latency_target_shrinks_the_batch(measured):
     assert free.batch == 14 and tight.batch == 2 and tight.ms_per_step <= d.latency_ms
 
 
-def test_weights_that_do_not_fit_say_so(measured):
+def test_weights_that_do_not_fit_say_so_and_name_what_would(measured):
     a = advise.advise(deployment(arch=calc.preset("llama-3-70b"), context=12_000), measured)
-    assert a.recommendation is None and "weights alone" in a.reason and "devices=N" in a.reason
+    assert a.recommendation is None and "weights alone" in a.reason
+    # By hand: 2 × 80 GiB × 0.9 less 141.1 GB of bf16 weights holds 3 exact 12K sequences (3.93 GB each); one
+    # card with int8 weights (70.6 GB) holds 1.
     two = advise.advise(deployment(arch=calc.preset("llama-3-70b"), context=12_000, devices=2), measured)
     assert by_name(two)["full"].fits == math.floor((2 * 80 * 2**30 * 0.9 - 2 * 70_553_706_496)
-                                                   / (327_680 * 12_000))
+                                                   / (327_680 * 12_000)) == 3
+    assert [how for how, _ in a.alternatives] == ["devices=2", "weight_dtype=int8"]
+    (_, sharded), (_, int8) = a.alternatives
+    assert sharded.deployment.devices == 2 and by_name(sharded)["full"].fits == 3
+    assert by_name(int8)["full"].fits == math.floor((80 * 2**30 * 0.9 - 70_553_706_496) / (327_680 * 12_000)) == 1
+    assert "with devices=2 use full (3 sequences" in a.reason and "with weight_dtype=int8 use full (1 sequence " \
+        in a.reason and "devices=N" not in a.reason
+    assert advise.WEIGHT_NOTE in int8.notes and advise.WEIGHT_NOTE not in sharded.notes
+    text = advise.render_markdown(a)
+    assert "## With `devices=2`" in text and "## With `weight_dtype=int8`" in text
+    csv = pd.read_csv(__import__("io").StringIO(advise.render_csv(a)))
+    assert list(csv.drop_duplicates("variant")["variant"]) == ["as asked", "devices=2", "weight_dtype=int8"]
+    assert csv.groupby("variant")["recommended"].sum().to_dict() == {"as asked": 0, "devices=2": 1,
+                                                                     "weight_dtype=int8": 1}
+
+
+def test_alternatives_prefer_serving_the_load_and_give_up_honestly(measured):
+    # 8 users of Llama-3-70B at 12K: 2 cards hold 3 exact sequences, 3 cards (210 GB usable) hold 17 — the fewest
+    # devices that serve the whole load are chosen over the fewest that fit something.
+    a = advise.advise(deployment(arch=calc.preset("llama-3-70b"), context=12_000, concurrency=8), measured)
+    how, alt = a.alternatives[0]
+    assert how == "devices=3" and alt.recommendation.serves
+    # Weights fit but nothing admissible does (Llama-3.1-8B at 128K on 24 GiB: cc's 8.6 GB and full's 17.2 GB
+    # exceed the 7.1 GB left; bb fits but fails): the alternatives still apply.
+    a = advise.advise(deployment(hardware=load_profile("consumer-gpu-24g"), context=131_072), measured)
+    assert a.recommendation is None and by_name(a)["bb"].fits >= 1
+    assert [how for how, _ in a.alternatives] == ["devices=2", "weight_dtype=int8"]
+    assert a.alternatives[1][1].recommendation.strategy.short == "cc"  # int8 weights leave 15.2 GB: cc fits, full not
+    # On a host more memory means another machine: no devices=N; 141 GB of weights fit no int4 host of 23 GB.
+    a = advise.advise(deployment(arch=calc.preset("llama-3-70b"), context=12_000, hardware=load_profile("cpu")),
+                      measured)
+    assert a.alternatives == [] and "devices=N" in a.reason
+    # Something fits as asked: nothing else is tried.
+    assert advise.advise(deployment(), measured).alternatives == []
 
 
 def test_offloading_is_left_out_with_a_note():
@@ -161,8 +198,13 @@ def test_done_when_command(tmp_path, capsys, monkeypatch):
     assert advise.main(argv) == 0
     out = capsys.readouterr().out
     assert "**Recommendation.**" in out and "| rank | strategy | fits |" in out
+    # 141 GB of bf16 weights fit no 80 GB card: the recommendation names what would fit, each ranked in full.
+    assert "with devices=2 use " in out and "## With `devices=2`" in out
     csv = pd.read_csv(tmp_path / "advise.csv")
-    assert len(csv) == out.count("\n| ") - 1 and set(csv["model"]) == {"Llama-3-70B"}
+    tables = out.count("| rank | strategy |")
+    assert tables == 1 + csv["variant"].nunique() - 1 == 3
+    assert len(csv) == out.count("\n| ") - tables and set(csv["model"]) == {"Llama-3-70B"}
+    assert csv.loc[csv["strategy"] == "full", "verdict"].eq(advise.EXACT).all()
     assert (tmp_path / "advise.md").read_text() in out
 
 
@@ -173,6 +215,7 @@ def test_done_when_command(tmp_path, capsys, monkeypatch):
     ("setting=nope", "query-aware"),
     ("concurrency=0", "concurrency"),
     ("weight_dtype=fp7", "bf16"),
+    ("model=local", "model.path must be given"),
 ])
 def test_bad_input_is_one_line_exit_2(override, fragment, capsys, tmp_path):
     assert advise.main([override, "out=null", f"results_root={ROOT / 'results'}"]) == 2
@@ -201,6 +244,40 @@ def test_docs_page_is_what_the_script_writes_and_its_figures_hold():
     assert "| Llama-3.1-8B | 32,768 | server-gpu-80g | 14 |" in text
     assert "| Llama-3.1-8B | 32,768 | consumer-gpu-24g | 1 |" in text
     assert math.floor((24 * 2**30 * 0.9 - 2 * 8_030_261_248) / (131_072 * 32_768)) == 1
+    # Llama-3-70B on one 80 GB card fits nothing; 2 cards hold 3 exact 12K sequences, 3 cards 23: the fewest
+    # cards that serve the page's 8 users is 3.
+    assert [math.floor((n * 80 * 2**30 * 0.9 - 2 * 70_553_706_496) / (327_680 * 12_000)) for n in (2, 3)] == [3, 23]
+    assert "server-gpu-80g; with devices=3 use full (8 sequences" in text
     for model, context, _ in docs.DEPLOYMENTS:
         for profile in docs.PROFILES:
             assert f"| {calc.preset(model).name} | {context:,} | {profile} |" in text
+
+
+# -- the leaderboard's "By hardware profile" section ---------------------------------------------------------
+def test_leaderboard_pages_carry_the_hardware_section_from_advise(store_dir):
+    """Markdown and HTML show, per committed profile, what advise's own code recommends from the page's table."""
+    import html
+
+    from kvbench import leaderboard
+    from kvbench.results import read_store
+
+    records = read_store(store_dir).assign(model="smollm2-135m")  # a geometry kvbench.calc knows
+    lb = leaderboard.build(records)
+    setting = lb.settings[0]
+    rows = advise.hardware_rows(lb.table, lb.records[lb.records["setting"] == setting], lb.tasks, setting,
+                                "smollm2-135m", lb.pooled_scope(setting).tokens)
+    assert [r["hardware"] for r in rows] == advise.shipped_profiles()
+    md, page = leaderboard.render_markdown(lb), leaderboard.render_html(lb)
+    assert "### By hardware profile (smollm2-135m," in md and f'id="table-{setting}-hardware"' in page
+    for r in rows:
+        assert f"| {r['hardware']} | {r['recommendation']} | {r['fits (recommended)']} |" in md
+        assert html.escape(r["why"]) in page
+    # A model whose geometry is unknown here gets no section rather than a guess.
+    assert "By hardware profile" not in leaderboard.render_markdown(leaderboard.build(read_store(store_dir)))
+
+
+def test_shipped_profiles_leave_out_the_untracked_probe(monkeypatch):
+    import kvbench.hardware
+
+    monkeypatch.setattr(kvbench.hardware, "available_profiles", lambda: ["cpu", "probed", "server-gpu-80g"])
+    assert advise.shipped_profiles() == ["cpu", "server-gpu-80g"]

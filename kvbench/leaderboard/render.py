@@ -372,21 +372,52 @@ def render_markdown(lb: Leaderboard) -> str:
     return "\n".join(lines)
 
 
-def _hardware_lines(lb: Leaderboard, setting: str) -> list[str]:
-    """"By hardware profile": what `kvbench advise` recommends for this model at the pooled length on each shipped
-    profile, from this table (kvbench.advise.hardware_section: the command's own code)."""
-    from kvbench.advise import hardware_section
+HARDWARE_NOTE = ("As many sequences as fit, weights in bf16, 0.1 of memory in reserve; speeds are roofline upper "
+                 "bounds over each profile's figures (`kvbench advise`, docs/advise.md).")
+
+
+def _hardware(lb: Leaderboard, setting: str) -> tuple[str, list[dict[str, str]]]:
+    """"By hardware profile": its heading and what `kvbench advise` recommends for this model at the pooled length
+    on each shipped profile, from this table (kvbench.advise.hardware_rows: the command's own code)."""
+    from kvbench.advise import hardware_rows
 
     tokens = lb.pooled_scope(setting).tokens
     if not tokens or "," in lb.meta.get("model", ""):
+        return "", []
+    rows = hardware_rows(lb.table, lb.records[lb.records["setting"] == setting], lb.tasks, setting,
+                         lb.meta["model"], tokens)
+    return f"By hardware profile ({lb.meta['model']}, {tokens:,} tokens, pooled evidence)", rows
+
+
+def _hardware_lines(lb: Leaderboard, setting: str) -> list[str]:
+    from kvbench.advise import HARDWARE_COLUMNS
+
+    heading, rows = _hardware(lb, setting)
+    if not rows:
         return []
-    table = hardware_section(lb.table, lb.records[lb.records["setting"] == setting], lb.tasks, setting,
-                             lb.meta["model"], tokens)
-    if not table:
+    return [f"### {fmt.md_text(heading)}", "", HARDWARE_NOTE, "", "| " + " | ".join(HARDWARE_COLUMNS) + " |",
+            "|---|---|---:|---:|---|", *("| " + " | ".join(map(fmt.md_text, r.values())) + " |" for r in rows), ""]
+
+
+def _html_hardware(lb: Leaderboard, setting: str) -> list[str]:
+    from kvbench.advise import HARDWARE_COLUMNS
+
+    heading, rows = _hardware(lb, setting)
+    if not rows:
         return []
-    return [f"### By hardware profile ({lb.meta['model']}, {tokens:,} tokens, pooled evidence)", "",
-            "As many sequences as fit, weights in bf16, 0.1 of memory in reserve; speeds are roofline upper bounds "
-            "over each profile's figures (`kvbench advise`, docs/advise.md).", "", *table, ""]
+    esc = html.escape
+    numeric = {"fits (recommended)", "tokens/s (bound)"}
+
+    def cell(key: str, value: str) -> str:
+        raw = value.split(" ")[0].replace(",", "") if key in numeric else value
+        cls = ' class="num"' if key in numeric else ""
+        return f'<td{cls} data-v="{esc("" if raw == "–" else raw)}">{esc(value)}</td>'
+
+    heads = "".join(f"<th>{esc(c)}</th>" for c in HARDWARE_COLUMNS)
+    body = "\n".join("<tr>" + "".join(cell(k, v) for k, v in r.items()) + "</tr>" for r in rows)
+    return [f'<h3 id="{esc(setting)}-hardware">{esc(heading)}</h3>', f"<p>{inline_markdown(HARDWARE_NOTE)}</p>",
+            f'<div class="scroll"><table id="table-{esc(setting)}-hardware" data-setting="{esc(setting)}">\n'
+            f"<thead><tr>{heads}</tr></thead>\n<tbody>\n{body}\n</tbody></table></div>"]
 
 
 def render_csv(lb: Leaderboard) -> str:
@@ -501,6 +532,7 @@ def _html_setting(lb: Leaderboard, setting: str) -> str:
         which = {f"{setting}": sections_with[RANKED], f"{setting}-offloading": (OFFLOADING,)}.get(
             anchor, (RANKED, OFFLOADING, REFERENCE))
         out.append(_html_table(lb, _setting_rows(lb, setting, which), cols, anchor, main=anchor == setting))
+    out += _html_hardware(lb, setting)
     return "\n".join(out) + "\n"
 
 
