@@ -10,17 +10,31 @@ and ``hardware=`` are the groups of ``python -m kvbench``). Per context length, 
 ``synthetic``: seeded random K/V handed to each store as its prefill (drawn in ``chunk_tokens`` chunks), no model
 forward — for random-weight models, where only memory and speed mean anything). Then, per budget and strategy:
 
-1. **capacity**: the budget minus the weights as the engine holds them (:func:`kvbench.footprint.weight_bytes`)
-   is what sequences may use. One sequence's decode working set is measured
-   (:func:`kvbench.footprint.decode_working_set`: stored bytes + scratch + the attention's peak); the batch
-   of ``floor(available / that)`` copies is measured again as a batch and grown or shrunk one sequence at a
-   time until it is the largest whose measured working set fits;
+1. **capacity**: the budget is what the whole process may hold. Spent before any cache: the process as loaded
+   (``baseline``: RSS once the model is loaded and the engine warmed up, measured; it is the weights as held,
+   :func:`kvbench.footprint.weight_bytes`, plus the harness's own ``overhead``: interpreter, libraries, the
+   allocator's slack) and the compressed templates the harness keeps while a batch decodes (``held``: every
+   strategy's one sequence under ``prefill=shared``; none under ``synthetic``, where a template is redrawn
+   when needed and the batch's last row is the template itself). What is left is what a batch may use: its
+   measured need (:meth:`Bench.working_set`: stored bytes + scratch + the step's temporaries, the larger of the
+   attention's peak, :func:`kvbench.footprint.decode_working_set`, and every tensor the step allocates,
+   :class:`kvbench.footprint.LiveBytes`). One sequence's need is measured; the batch of
+   ``floor(available / that)`` copies is measured again as a batch and grown or shrunk one sequence at a time
+   until it is the largest whose measured need fits;
 2. **throughput**: that many sequences, each a copy of the compressed cache given a question of its own length
    (``question_tokens`` minus 0-3, so rows are ragged and the engine's per-row masks are exercised), decode
    ``steps`` greedy tokens together. Measured: ms per step (median), decode tokens/s (sequences × steps /
    time), the question pass (the first token of every row), the prefill and compression of one sequence
-   (time to first token = the three), and the process's peak RSS while decoding. Strategies take turns within
-   each of ``repeats`` rounds, so each round's gain over ``full`` is a ratio within one stretch of machine time.
+   (time to first token = the three), and the process's peak RSS from the batch's copies to its last step.
+   Strategies take turns within each of ``repeats`` rounds, so each round's gain over ``full`` is a ratio
+   within one stretch of machine time;
+3. **the budget kept**: a row whose measured peak exceeds the budget by more than :data:`TOLERANCE` is
+   ``over``, not a fit; between decode steps the process's memory is checked against that limit and a batch
+   that crosses it is ``stopped`` (one line). Per context and budget, ``full`` is also tried at the largest
+   batch another strategy fits (when that is more than its own): predicted over the budget, it is ``refused``
+   before it starts (one line) — an overflow stops inference, as in a real server. On CUDA the budget is also
+   the allocator's (``torch.cuda.set_per_process_memory_fraction``), so crossing it raises out-of-memory,
+   and the row is ``stopped``.
 
 Also recorded, for the roofline (``scripts/bench_throughput.py``): the copy bandwidth and float32 matmul FLOP/s
 measured at the start, and per step the weight bytes read, the KV bytes read and the FLOPs.
@@ -37,6 +51,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional  # noqa: UP035  (OmegaConf reads these typing forms)
@@ -51,6 +66,9 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 #: Question lengths cycle through ``question_tokens - (row % RAGGED)``: rows of one batch differ in length.
 RAGGED = 4
+#: A row fits when its measured peak is at most ``budget * (1 + TOLERANCE)``: RSS counts pages, the allocator's
+#: slack and what the sampler misses between samples, which no prediction of tensor bytes can hold to the byte.
+TOLERANCE = 0.05
 
 
 @dataclass
@@ -62,8 +80,9 @@ class ThroughputConfig:
     strategies: List[str] = field(default_factory=lambda: ["int8"])  # noqa: UP006  (``full`` is always added)
     strategies_params: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
     contexts: List[int] = field(default_factory=lambda: [4096])  # noqa: UP006
-    # One budget or a list: bytes, "1.5GB", "2GiB", or "weights+2GB" (the weights as held, plus that); null:
-    # the hardware profile's memory_bytes.
+    # One budget or a list, for the whole process: bytes, "1.5GB", "2GiB", "weights+2GB" (the weights as held,
+    # plus that), or "process+0.3GB" (the process as loaded, weights and harness overhead measured, plus that);
+    # null: the hardware profile's memory_bytes.
     budget: Any = None
     steps: int = 16                 # decode steps per round
     repeats: int = 3                # rounds (strategies take turns in each): the gain's interval comes from them
@@ -114,15 +133,18 @@ def compose(overrides: list[str]) -> Any:
         GlobalHydra.instance().clear()
 
 
-def parse_size(text: Any, weights: int = 0) -> int:
-    """Bytes from ``123``, ``1.5GB``, ``2GiB`` or ``weights+2GB`` (``weights``: the weights' bytes)."""
+def parse_size(text: Any, weights: int = 0, process: int = 0) -> int:
+    """Bytes from ``123``, ``1.5GB``, ``2GiB``, ``weights+2GB`` (``weights``: the weights' bytes) or
+    ``process+0.3GB`` (``process``: the process as loaded, weights and overhead)."""
     s = str(text).strip().replace(" ", "").replace("_", "")
     base = 0
-    if s.lower().startswith("weights+"):
-        base, s = weights, s[len("weights+"):]
+    for prefix, value in (("weights+", weights), ("process+", process)):
+        if s.lower().startswith(prefix):
+            base, s = value, s[len(prefix):]
     m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)([A-Za-z]*)", s)
     if not m or m.group(2).upper() not in _UNITS:
-        raise KVBenchError(f"budget {text!r} is not a size; valid: bytes, e.g. 1.5GB, 2GiB, 512MB, weights+2GB")
+        raise KVBenchError(f"budget {text!r} is not a size; valid: bytes, e.g. 1.5GB, 2GiB, 512MB, weights+2GB, "
+                           "process+0.3GB")
     value = float(m.group(1)) * _UNITS[m.group(2).upper()]
     if value <= 0:
         raise KVBenchError(f"budget {text!r} must be positive")
@@ -150,7 +172,7 @@ def check(cfg: Any) -> list[Any]:
         raise KVBenchError(f"contexts must be positive token counts (got {list(cfg.contexts)})")
     for b in _budget_list(cfg):
         if b is not None:
-            parse_size(b, 1)
+            parse_size(b, 1, 1)
     built = resolve_strategies(cfg)
     if cfg.prefill == "synthetic":
         needs = [s.name for s in built if s.query_window != 0]
@@ -173,8 +195,11 @@ class Built:
     """One compressed sequence of one strategy (cloned per batch row), and what building it cost."""
 
     strategy: Any
-    cache: Any
+    cache: Any                      # None once a batch took it as its last row (``rebuild`` draws it again)
     compress_s: float
+    #: Draws the same cache again (``prefill=synthetic``: seeded), so the harness need not hold it while a batch
+    #: decodes; None under ``prefill=shared``, whose capture is not kept (the template is held instead).
+    rebuild: Optional[Callable[[], Any]] = field(default=None, repr=False)  # noqa: UP045
     # Working sets measured so far, by batch size: each size is measured once per sequence, so the capacity search
     # and everything reported from it read one figure (the profiler's peak varies a little between calls, with the
     # allocator's state, and a size re-measured could otherwise disagree with the decision made on it).
@@ -212,6 +237,35 @@ def synthetic_cache(strategy: Any, config: Any, context: int, chunk: int, dtype:
         if hasattr(layer, "store"):
             assert layer.store.num_tokens() <= context and layer.get_seq_length() == context
     return cache
+
+
+def process_bytes(device: str) -> int:
+    """What the process holds now: its resident set on CPU, the CUDA allocator's bytes on a GPU."""
+    if device.startswith("cuda"):
+        return int(torch.cuda.memory_allocated())
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def free_garbage() -> None:
+    """Collect reference cycles and trim the heap. A measured batch's caches sit in cycles (the profiler's and the
+    dispatch mode's records, a row cache and its rows) that Python's collector frees only when it next runs: in
+    one tiny-model run a capacity search left ~30 MB resident (6% of the process) until the next batch."""
+    import gc
+
+    from kvbench.spec import release_freed_memory
+
+    gc.collect()
+    release_freed_memory()
+
+
+class OverBudget(Exception):
+    """A batch crossed its budget while decoding (the RSS checked between steps, or CUDA out of memory)."""
+
+    def __init__(self, step: int, held: int) -> None:
+        super().__init__(step, held)
+        self.step, self.held = step, held
 
 
 def questions(rows: int, longest: int, seed: int, vocab: int) -> list[list[int]]:
@@ -265,13 +319,26 @@ class Bench:
         self.engine = Engine(self.lm, device=self.device, hardware=hw, attention=str(cfg.attention),
                              linear=str(cfg.linear), working_copy=bool(cfg.working_copy))
         self.engine.warmup()
-        release_freed_memory()  # building a random-weight model frees its float32 initialisation
         self.weights = weight_bytes(self.lm.model)
         self.dtype = self.lm.model.dtype
         self.bandwidth = measure_copy_bandwidth(256 * 2**20, device=self.device) * 1e9
         flops_dtype = "float32" if self.device == "cpu" else dtype
         self.flops = measure_matmul_flops(1024, flops_dtype, device=self.device)
         self.vocab = int(self.lm.config.vocab_size)
+        # The process as loaded, before any cache: weights as held plus the harness's own overhead, measured once
+        # the probes above and one measured decode step of a short cache (the profiler and dispatch modes the
+        # working sets are read with load libraries and buffers that stay) have run and their tensors are freed,
+        # from a trimmed heap (a random-weight model's float32 initialisation is freed too).
+        from kvbench import strategies
+
+        full = strategies.build("full")
+        self.engine.bind(full, list(range(1, 65)))
+        warm = Built(full, synthetic_cache(full, self.lm.config, 64, 64, self.dtype, self.device, 0), 0.0)
+        self.working_set(warm, 1)
+        del warm
+        release_freed_memory()
+        self.baseline = process_bytes(self.device)
+        self.overhead = max(0, self.baseline - self.weights)
 
     # ---------------------------------------------------------------------------------------------------
     def build(self, strategies: list[Any], context: int) -> tuple[list[Built], float]:
@@ -291,21 +358,30 @@ class Bench:
                 out.append(Built(s, cache, seconds))
             return out, pre.seconds
         for s in strategies:
-            self.engine.bind(s, ids)
+            def draw(s: Any = s) -> Any:
+                self.engine.bind(s, ids)
+                return synthetic_cache(s, self.lm.config, context, int(cfg.chunk_tokens), self.dtype, self.device,
+                                       int(cfg.seed))
             with Timer(self.device) as t:
-                cache = synthetic_cache(s, self.lm.config, context, int(cfg.chunk_tokens), self.dtype, self.device,
-                                        int(cfg.seed))
-            out.append(Built(s, cache, t.seconds))
+                cache = draw()
+            out.append(Built(s, cache, t.seconds, rebuild=draw))
         return out, float("nan")
 
     def batch(self, built: Built, rows: int) -> tuple[Any, list[Any], float, list[list[int]]]:
         """``rows`` copies of ``built``'s cache after each row's question (timed): (batched cache, the copies,
-        the question pass's seconds, each row's first generated token)."""
+        the question pass's seconds, each row's first generated token). A template that can be drawn again is
+        the last row itself, so the harness holds no copy of its own while the batch decodes."""
         from kvbench.cache import RowsCache
         from kvbench.engine import attached, clone_cache
         from kvbench.spec import Timer
 
-        caches = [clone_cache(built.cache, self.lm.model) for _ in range(rows)]
+        if built.cache is None:
+            built.cache = built.rebuild()
+        template = built.cache
+        caches = [clone_cache(template, self.lm.model) for _ in range(rows - (built.rebuild is not None))]
+        if built.rebuild is not None:
+            caches.append(template)
+            built.cache = template = None
         cache = caches[0] if rows == 1 else RowsCache(caches)
         qs = questions(rows, int(self.cfg.question_tokens), int(self.cfg.seed), self.vocab)
         with torch.inference_mode(), attached(cache, self.lm.model, built.strategy), Timer(self.device) as t:
@@ -319,45 +395,77 @@ class Bench:
             logits = self.engine.forward(cache, tokens, 1)
         return [[int(x)] for x in logits[:, -1].argmax(-1)]
 
+    @staticmethod
+    def held(built: list[Built]) -> int:
+        """Bytes of the templates the harness keeps while a batch decodes: those that cannot be drawn again."""
+        return sum(b.cache.kv_bytes() + b.cache.scratch_bytes() for b in built
+                   if b.rebuild is None and b.cache is not None)
+
     def working_set(self, built: Built, rows: int) -> dict[str, int]:
-        """The measured working set of ``rows`` copies decoding one step together (after their question), measured
-        once per size (:attr:`Built.measured`)."""
-        from kvbench.footprint import decode_working_set
+        """What ``rows`` copies decoding one step together (after their question) need, measured once per size
+        (:attr:`Built.measured`): ``working_set_bytes`` (stored + scratch + the attention's peak,
+        :func:`kvbench.footprint.decode_working_set`), ``step_temp_bytes`` (the most bytes of tensors a second
+        step allocates and holds at once — MLP activations, logits, a store's re-allocation, the attention's
+        blocks — :class:`kvbench.footprint.LiveBytes`) and ``need_bytes``, what the batch adds to the process:
+        stored + scratch + the larger of the two temporaries."""
+        from kvbench.footprint import LiveBytes, decode_working_set
 
         if rows not in built.measured:
             cache, _, _, tokens = self.batch(built, rows)
-            built.measured[rows] = decode_working_set(self.lm.model, cache,
-                                                      lambda: self.step(cache, built.strategy, tokens), self.device)
+            ws = decode_working_set(self.lm.model, cache, lambda: self.step(cache, built.strategy, tokens),
+                                    self.device)
+            with LiveBytes() as live:
+                self.step(cache, built.strategy, tokens)
+            ws["step_temp_bytes"] = live.peak
+            ws["need_bytes"] = ws["kv_bytes"] + ws["scratch_bytes"] + max(ws["temp_bytes"], live.peak)
+            built.measured[rows] = ws
+            del cache, tokens
+            free_garbage()
         return dict(built.measured[rows])
 
-    def capacity(self, built: Built, available: int, single: dict[str, int]) -> tuple[int, dict[str, int]]:
-        """The largest batch (at most ``max_batch``) whose measured working set fits ``available`` bytes.
+    def predicted_need(self, built: Built, rows: int) -> int:
+        """A batch's need without running it: measured where this size was, else extrapolated from the largest
+        size measured below it by the per-sequence growth measured so far (at least one sequence's need each)."""
+        if rows in built.measured:
+            return built.measured[rows]["need_bytes"]
+        below = max((n for n in built.measured if n < rows), default=None)
+        if below is None:
+            return rows * built.measured[min(built.measured)]["need_bytes"]
+        one = built.measured[min(built.measured)]["need_bytes"]
+        need = built.measured[below]["need_bytes"]
+        marginal = (need - one) / (below - 1) if below > 1 else one
+        return int(need + (rows - below) * marginal)
 
-        From ``floor(available / one sequence's working set)``: shrunk one at a time while it does not fit, then
+    def capacity(self, built: Built, available: int, single: dict[str, int]) -> tuple[int, dict[str, int]]:
+        """The largest batch (at most ``max_batch``) whose measured need (:meth:`working_set`) fits ``available``.
+
+        From ``floor(available / one sequence's need)``: shrunk one at a time while it does not fit, then
         grown by the marginal cost measured so far and, past the budget, bisected; every size tried is measured
-        (working sets grow with the batch, so the largest fitting size is found)."""
-        per, cap = single["working_set_bytes"], int(self.cfg.max_batch)
+        (needs grow with the batch, so the largest fitting size is found). Trial sizes are measurements, not
+        served batches: their peaks may pass the budget; the rows served are checked (:meth:`decode`)."""
+        key = "need_bytes"
+        per, cap = single[key], int(self.cfg.max_batch)
         rows = min(cap, available // per) if per else cap
         if rows < 1:
             return 0, single
         ws = self.working_set(built, rows)
-        while ws["working_set_bytes"] > available and rows > 1:
+        while ws[key] > available and rows > 1:
             rows -= 1
             ws = self.working_set(built, rows)
-        if ws["working_set_bytes"] > available:
+        if ws[key] > available:
             return 0, single
         while rows < cap:
-            marginal = (ws["working_set_bytes"] - per) / (rows - 1) if rows > 1 else per
-            guess = min(cap, rows + max(1, int((available - ws["working_set_bytes"]) // max(marginal, 1))))
+            marginal = (ws[key] - per) / (rows - 1) if rows > 1 else per
+            guess = min(cap, rows + max(1, int((available - ws[key]) // max(marginal, 1))))
             more = self.working_set(built, guess)
-            if more["working_set_bytes"] <= available:
+            if more[key] <= available:
                 rows, ws = guess, more
                 continue
             lo, hi = rows, guess  # lo fits, hi does not
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 m = self.working_set(built, mid)
-                if m["working_set_bytes"] <= available:
+                if m[key] <= available:
                     lo, ws = mid, m
                 else:
                     hi = mid
@@ -365,22 +473,51 @@ class Bench:
             break
         return rows, ws
 
-    def decode(self, built: Built, rows: int) -> dict[str, float]:
-        """One timed round: ``rows`` sequences answer their questions and decode ``steps`` tokens together."""
+    def limit(self, budget: int) -> int:
+        """The most the process may hold under ``budget`` before a batch is stopped (:data:`TOLERANCE`)."""
+        return int(budget * (1 + TOLERANCE))
+
+    def decode(self, built: Built, rows: int, budget: int | None = None) -> dict[str, Any]:
+        """One timed round: ``rows`` sequences answer their questions and decode ``steps`` tokens together.
+
+        With a ``budget``, the process's memory is checked after the question pass and after every step; past
+        :meth:`limit` the batch stops (``budget_status`` "stopped"), as a server out of memory stops decoding.
+        Otherwise the row's status is "fits" when the peak (RSS sampled from the copies to the last step) is
+        within the limit, else "over"."""
         from kvbench.spec import PeakMemory, Timer, median
 
-        cache, caches, first_s, tokens = self.batch(built, rows)
-        times = []
+        limit = self.limit(budget) if budget is not None else None
+        oom = (torch.cuda.OutOfMemoryError,) if self.device.startswith("cuda") else ()
+        times: list[float] = []
+        first_s, reads, held, stopped = float("nan"), 0, 0, None
+        free_garbage()
         with PeakMemory(self.device) as peak:
-            for _ in range(int(self.cfg.steps)):
-                with Timer(self.device) as t:
-                    tokens = self.step(cache, built.strategy, tokens)
-                times.append(t.seconds)
-        reads, held = attention_reads(caches[0], self.dtype.itemsize)
-        del cache, caches
-        return {"question_s": first_s, "ms_per_step": 1000 * median(times),
-                "tokens_per_s": rows * len(times) / sum(times), "peak_rss_bytes": peak.peak_bytes,
-                "kv_read_bytes_per_seq": reads, "held_tokens_per_seq": held}
+            try:
+                cache, caches, first_s, tokens = self.batch(built, rows)
+                for i in range(int(self.cfg.steps)):
+                    if limit is not None and process_bytes(self.device) > limit:
+                        raise OverBudget(i, process_bytes(self.device))
+                    with Timer(self.device) as t:
+                        tokens = self.step(cache, built.strategy, tokens)
+                    times.append(t.seconds)
+                reads, held = attention_reads(caches[0], self.dtype.itemsize)
+                del cache, caches, tokens
+            except OverBudget as over:  # keep the numbers, not the exception (its frame holds the batch)
+                stopped = (over.step, over.held)
+            except oom:
+                stopped = (len(times), process_bytes(self.device))
+        free_garbage()
+        out: dict[str, Any] = {"question_s": first_s, "peak_rss_bytes": peak.peak_bytes, "steps_done": len(times),
+                               "kv_read_bytes_per_seq": reads, "held_tokens_per_seq": held}
+        if stopped is not None:
+            out["budget_status"] = "stopped"
+            out["stop_line"] = (f"{built.strategy.name} x {rows}: stopped before decode step {stopped[0] + 1} of "
+                                f"{int(self.cfg.steps)}: the process holds {stopped[1] / 1e9:.3f} GB, over its "
+                                f"budget {budget / 1e9:.3f} GB (+{TOLERANCE:.0%})")
+            return out
+        out["budget_status"] = "fits" if limit is None or peak.peak_bytes <= limit else "over"
+        out.update({"ms_per_step": 1000 * median(times), "tokens_per_s": rows * len(times) / sum(times)})
+        return out
 
 
 def roofline_fields(bench: Bench, rows: int, reads: float, held_tokens: float) -> dict[str, float]:
@@ -408,15 +545,18 @@ def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
         torch.set_num_threads(int(hw.threads))
     bench = Bench(cfg, hw)
     budgets = [(str(b) if b is not None else f"{hw.name} memory",
-                parse_size(b, bench.weights) if b is not None else int(hw.memory_bytes)) for b in _budget_list(cfg)]
-    print(f"kvbench throughput: {bench.lm.name} ({bench.dtype}), weights as held {bench.weights / 1e9:.3f} GB; "
+                parse_size(b, bench.weights, bench.baseline) if b is not None else int(hw.memory_bytes))
+               for b in _budget_list(cfg)]
+    print(f"kvbench throughput: {bench.lm.name} ({bench.dtype}), weights as held {bench.weights / 1e9:.3f} GB, "
+          f"process as loaded {bench.baseline / 1e9:.3f} GB (harness overhead {bench.overhead / 1e9:.3f} GB); "
           f"copy bandwidth {bench.bandwidth / 1e9:.1f} GB/s, matmul {bench.flops / 1e9:.1f} GFLOP/s", flush=True)
     rows: list[dict[str, Any]] = []
     common = {"command": command, "commit": _commit(), "model": bench.lm.name,
               "dtype": str(bench.dtype).replace("torch.", ""),
               "device": bench.device,
               "hardware": hw.name, "prefill": str(cfg.prefill), "steps": int(cfg.steps),
-              "weights_bytes": bench.weights, "bandwidth_bytes_per_s": bench.bandwidth,
+              "weights_bytes": bench.weights, "baseline_bytes": bench.baseline, "overhead_bytes": bench.overhead,
+              "tolerance": TOLERANCE, "bandwidth_bytes_per_s": bench.bandwidth,
               "flops_per_s": bench.flops, "threads": torch.get_num_threads(), "linear": bench.engine.linear,
               "attention": bench.engine.attention, "working_copy": bool(cfg.working_copy)}
     for context in map(int, cfg.contexts):
@@ -426,34 +566,80 @@ def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
                                "tokens; lower contexts")
         built, prefill_s = bench.build(strategies, context)
         singles = {b.strategy.label(): bench.working_set(b, 1) for b in built}
+        held = bench.held(built)  # after the single measurements: drawable templates are not held any more
         for label, budget in budgets:
-            available = budget - bench.weights
+            _cuda_budget(bench.device, budget)
+            available = budget - bench.baseline - held
             plan = {}
             for b in built:
                 n, ws = bench.capacity(b, available, singles[b.strategy.label()]) if available > 0 else (0, {})
                 plan[b.strategy.label()] = (n, ws)
-                print(f"  {context} tokens, budget {label}: {b.strategy.name} fits {n}", flush=True)
+                print(f"  {context} tokens, budget {label} ({budget / 1e9:.3f} GB, {max(available, 0) / 1e9:.3f} GB "
+                      f"for caches): {b.strategy.name} fits {n}", flush=True)
+            probe = _overflow_probe(built, plan)
             for r in range(int(cfg.repeats)):
-                for b in built:
-                    n, ws = plan[b.strategy.label()]
+                for b, n, ws, is_probe in [(b, *plan[b.strategy.label()], False) for b in built] + \
+                        ([(*probe, True)] if probe and r == 0 else []):
                     single = singles[b.strategy.label()]
+                    predicted = bench.baseline + held + (ws["need_bytes"] if n and not is_probe
+                                                         else bench.predicted_need(b, n) if n else 0)
                     row = {**common, "context": context, "budget": label, "budget_bytes": budget,
-                           "strategy": b.strategy.name, "label": b.strategy.label(), "round": r, "batch": n,
-                           "prefill_s": prefill_s, "compress_s": b.compress_s,
+                           "strategy": b.strategy.name,
+                           "label": b.strategy.label() + (" (over budget)" if is_probe else ""), "probe": is_probe,
+                           "round": r, "batch": n, "prefill_s": prefill_s, "compress_s": b.compress_s,
+                           "held_bytes": held, "predicted_bytes": predicted,
                            "seq_kv_bytes": single["kv_bytes"], "seq_scratch_bytes": single["scratch_bytes"],
-                           "seq_working_set_bytes": single["working_set_bytes"],
+                           "seq_working_set_bytes": single["working_set_bytes"], "seq_need_bytes": single["need_bytes"],
                            "batch_working_set_bytes": ws.get("working_set_bytes", 0),
-                           "batch_temp_bytes": ws.get("temp_bytes", 0)}
+                           "batch_temp_bytes": ws.get("temp_bytes", 0),
+                           "batch_step_temp_bytes": ws.get("step_temp_bytes", 0),
+                           "batch_need_bytes": ws.get("need_bytes", 0), "budget_status": "none" if not n else ""}
                     row["load_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-                    if n:
-                        d = bench.decode(b, n)
+                    if n and predicted > budget:
+                        row["budget_status"] = "refused"
+                        print(f"  {b.strategy.name} x {n}: refused: predicted {predicted / 1e9:.3f} GB (process "
+                              f"{bench.baseline / 1e9:.3f} + held {held / 1e9:.3f} + batch "
+                              f"{(predicted - bench.baseline - held) / 1e9:.3f}) is over the budget "
+                              f"{budget / 1e9:.3f} GB; an overflow would stop inference", flush=True)
+                    elif n:
+                        d = bench.decode(b, n, budget)
+                        if "stop_line" in d:
+                            print("  " + d.pop("stop_line"), flush=True)
                         row.update(d)
-                        row.update(roofline_fields(bench, n, d["kv_read_bytes_per_seq"], d["held_tokens_per_seq"]))
-                        row["ttft_s"] = (0.0 if math.isnan(prefill_s) else prefill_s) + b.compress_s + d["question_s"]
+                        if d["steps_done"]:
+                            row.update(roofline_fields(bench, n, d["kv_read_bytes_per_seq"],
+                                                       d["held_tokens_per_seq"]))
+                        if d["budget_status"] != "stopped":
+                            row["ttft_s"] = ((0.0 if math.isnan(prefill_s) else prefill_s) + b.compress_s
+                                             + d["question_s"])
+                        if d["budget_status"] == "over":
+                            print(f"  {b.strategy.name} x {n}: not a fit: peak RSS {d['peak_rss_bytes'] / 1e9:.3f} GB "
+                                  f"> budget {budget / 1e9:.3f} GB (+{TOLERANCE:.0%})", flush=True)
                     rows.append(row)
             write_csv(rows, out)
         del built
     return rows
+
+
+def _cuda_budget(device: str, budget: int) -> None:
+    """On CUDA the budget is the allocator's too: past it an allocation raises out-of-memory."""
+    if device.startswith("cuda"):
+        index = torch.device(device).index or 0
+        total = torch.cuda.get_device_properties(index).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), index)
+
+
+def _overflow_probe(built: list[Built], plan: dict[str, tuple[int, dict[str, int]]]) -> tuple[Built, int, dict] | None:
+    """``full`` at the largest batch another strategy fits, when that is more than ``full`` fits: the row that
+    shows what the budget means (refused before it starts, or stopped when the limit is crossed)."""
+    full = next((b for b in built if b.strategy.name == "full"), None)
+    if full is None:
+        return None
+    others = [plan[b.strategy.label()][0] for b in built if b is not full]
+    n = max(others, default=0)
+    if n <= plan[full.strategy.label()][0]:
+        return None
+    return full, n, {}
 
 
 def _commit() -> str:

@@ -29,12 +29,17 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 PERF = ROOT / "results" / "perf"
+# Budgets are the whole process's (kvbench.throughput): ``process+X`` is the process as loaded (weights and the
+# harness's overhead, measured) plus X for caches and the step's temporaries. ``linear=native``: no float32 copies
+# of the weights (513 MiB for SmolLM2-135M, kvbench/linear.py); the prefill is synthetic, so no long GEMM needs
+# them, and a decode step's GEMMs of 3-12 rows take about as long in bf16 as in float32 on this CPU.
 PARTS = {
     "embedded": ["model=smollm2-135m", "prefill=synthetic", "contexts=[4096,8176]", "strategies=[int8]",
-                 "budget=[weights+0.3GB,weights+0.6GB]"],
+                 "budget=[process+0.3GB,process+0.6GB]", "linear=native"],
     "random": ["model=llama-3.2-1b-random", "prefill=synthetic", "contexts=[16384,32768]",
-               "strategies=[int8]", "budget=[weights+1.2GB]", "linear=native"],
+               "strategies=[int8]", "budget=[process+1.2GB]", "linear=native"],
 }
+TOLERANCE = 0.05  # kvbench.throughput.TOLERANCE, for CSVs written before it was a column
 GPU_PROFILE = "server-gpu-80g"
 
 
@@ -61,25 +66,46 @@ def gain_interval(ratios: list[float]) -> tuple[float, float, float]:
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
+def budget_status(df: pd.DataFrame) -> pd.Series:
+    """Each row's status: as recorded, or, in a CSV written before the process's budget was kept, from its
+    measured peak RSS against the budget (the same tolerance)."""
+    derived = ["none" if not b else "over" if p > t * (1 + TOLERANCE) else "fits"
+               for b, p, t in zip(df["batch"], df.get("peak_rss_bytes", pd.Series(0, index=df.index)).fillna(0),
+                                  df["budget_bytes"], strict=True)]
+    if "budget_status" not in df:
+        return pd.Series(derived, index=df.index)
+    return df["budget_status"].fillna(pd.Series(derived, index=df.index))
+
+
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     from kvbench.hardware import load_profile, profile_roofline, roofline_seconds
 
     gpu = load_profile(GPU_PROFILE)
+    df = df.assign(probe=df["probe"].fillna(False).astype(bool) if "probe" in df else False,
+                   budget_status=budget_status(df))
     out = []
     keys = ["model", "context", "budget"]
     for (model, context, budget), g in df.groupby(keys, sort=False):
-        full = g[g["strategy"] == "full"].set_index("round")
+        full = g[(g["strategy"] == "full") & ~g["probe"]].set_index("round")
         for label, s in g.groupby("label", sort=False):
             s = s.set_index("round")
             first = s.iloc[0]
+            statuses = set(s["budget_status"])
             row = {"model": model, "context": context, "budget": budget, "budget_bytes": first["budget_bytes"],
                    "strategy": first["strategy"], "label": label, "batch": int(first["batch"]),
+                   "probe": bool(first["probe"]),
+                   # A row fits only if every round's measured peak did.
+                   "status": next((x for x in ("refused", "stopped", "over") if x in statuses), first["budget_status"]),
+                   "predicted_bytes": first.get("predicted_bytes", float("nan")),
                    "seq_kv_bytes": first["seq_kv_bytes"], "seq_scratch_bytes": first["seq_scratch_bytes"],
-                   "seq_ws_bytes": first["seq_working_set_bytes"], "batch_ws_bytes": first["batch_working_set_bytes"],
+                   "seq_ws_bytes": first.get("seq_need_bytes", first["seq_working_set_bytes"]),
+                   "batch_ws_bytes": first["batch_working_set_bytes"],
                    "weights_bytes": first["weights_bytes"], "rounds": len(s)}
-            if row["batch"]:
+            if "peak_rss_bytes" in s and s["peak_rss_bytes"].notna().any():
+                row["peak_rss_bytes"] = s["peak_rss_bytes"].max()
+            if row["batch"] and row["status"] in ("fits", "over"):
                 row.update({"tokens_per_s": s["tokens_per_s"].median(), "ms_per_step": s["ms_per_step"].median(),
-                            "ttft_s": s["ttft_s"].median(), "peak_rss_bytes": s["peak_rss_bytes"].max()})
+                            "ttft_s": s["ttft_s"].median()})
                 # The roofline of kvbench.hardware, the one `kvbench advise` predicts with.
                 weights_kv = first["weight_read_bytes"] + first["kv_read_bytes"]
                 seconds, bound = roofline_seconds(weights_kv, first["flops"], first["bandwidth_bytes_per_s"],
@@ -96,12 +122,13 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
                     row["gain"], row["gain_lo"], row["gain_hi"] = gain_interval(ratios)
             out.append(row)
     res = pd.DataFrame(out)
+    base_rows = res[(res["strategy"] == "full") & ~res["probe"]].set_index(keys)
     for col in ("roof_tps", "gpu_tps"):
         if col in res:
-            base = res[res["strategy"] == "full"].set_index(keys)[col]
+            base = base_rows[col]
             res[col.replace("tps", "gain")] = [r[col] / base.get(tuple(r[k] for k in keys), float("nan"))
                                                for _, r in res.iterrows()]
-    base_b = res[res["strategy"] == "full"].set_index(keys)["batch"]
+    base_b = base_rows["batch"]
     res["capacity_ratio"] = [r["batch"] / base_b.get(tuple(r[k] for k in keys), float("nan"))
                              if base_b.get(tuple(r[k] for k in keys), 0) else float("nan") for _, r in res.iterrows()]
     return res
@@ -109,6 +136,23 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
 
 def _f(x: float, spec: str) -> str:
     return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def _loaded(first: pd.Series) -> str:
+    if "baseline_bytes" not in first or not math.isfinite(first["baseline_bytes"]):
+        return ""
+    return (f", process as loaded {first['baseline_bytes'] / 1e9:.3f} GB (harness overhead "
+            f"{first['overhead_bytes'] / 1e9:.3f} GB)")
+
+
+def _fits(r: pd.Series) -> str:
+    """The batch, and unless it fits, why not: over (measured peak past the budget), stopped, refused."""
+    n, status = int(r["batch"]), r["status"]
+    if status in ("fits", "none"):
+        return str(n)
+    if status == "refused":
+        return f"{n}: refused (predicted {r['predicted_bytes'] / 1e9:.2f} GB)"
+    return f"{n}: {status} (peak {_f(r.get('peak_rss_bytes', float('nan')) / 1e9, '.2f')} GB)"
 
 
 def render(frames: dict[str, pd.DataFrame], out: Path) -> None:
@@ -122,7 +166,7 @@ def render(frames: dict[str, pd.DataFrame], out: Path) -> None:
         lines += [f"Part `{name}`{commit}: `{command}`; "
                   f"{first['model']} in {first['dtype']} on {first['device']}, {int(first['threads'])} threads, "
                   f"engine.linear={first['linear']}, attention={first['attention']}; weights as held "
-                  f"{first['weights_bytes'] / 1e9:.3f} GB; measured at the start: copy bandwidth "
+                  f"{first['weights_bytes'] / 1e9:.3f} GB{_loaded(first)}; measured at the start: copy bandwidth "
                   f"{first['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, float32 matmul "
                   f"{first['flops_per_s'] / 1e9:.1f} GFLOP/s.", ""]
     loads = [f"`{n}` {df['load_1m'].min():.1f}–{df['load_1m'].max():.1f}" for n, df in frames.items()
@@ -134,12 +178,20 @@ def render(frames: dict[str, pd.DataFrame], out: Path) -> None:
     lines += [
         "Gains are ratios within each round (strategies take turns), and the interval is a 95% t-interval over "
         "the rounds' log ratios.", "",
-        "`fits` is the largest number of sequences whose measured decode working set (stored bytes + scratch + "
-        "the step's temporaries, `kvbench/footprint.py`) fits the budget minus the weights. TTFT = prefill of "
+        "The budget is what the whole process may hold: the process as loaded (weights as held + the harness's "
+        "overhead, measured as the RSS before any cache minus the weights), the templates the harness keeps, "
+        "and the batch's need (stored bytes + scratch + the step's temporaries, `kvbench/throughput.py`). `fits` "
+        "is the largest batch whose predicted total is within the budget, and it counts only when the run's "
+        f"measured peak RSS stays within the budget (+{TOLERANCE:.0%}): a row past it is marked `over`, not a "
+        "fit; the RSS is checked between decode steps and a batch past the limit is `stopped`. "
+        "`full (at int8's batch)` is `full` given the batch int8 fits: predicted over the budget, it is "
+        "`refused` before it starts — an overflow stops inference. (Rows whose CSV predates this accounting "
+        "sized batches by the budget minus the weights only; their status is read from their peak RSS.) "
+        "TTFT = prefill of "
         "one sequence + its compression + the batch's question pass. Roofline: (weights + KV read per step) / "
         "bandwidth vs FLOPs / FLOP/s; `GPU` is the same bytes and FLOPs over the "
         f"`{GPU_PROFILE}` profile's datasheet figures (bf16 weights), at the same batch.", "",
-        "| model | context | budget | strategy | KV MB/seq | working set MB/seq | fits | × full | ms/step | "
+        "| model | context | budget | strategy | KV MB/seq | need MB/seq | fits | × full | ms/step | "
         "tokens/s | gain vs full [95% CI] | TTFT s | peak RSS GB | roofline tok/s (bound) | roofline gain | "
         "GPU gain |",
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
@@ -149,14 +201,16 @@ def render(frames: dict[str, pd.DataFrame], out: Path) -> None:
         for _, r in res.iterrows():
             gain = "—" if r["strategy"] == "full" or not math.isfinite(r.get("gain", float("nan"))) else \
                 f"{r['gain']:.2f}× [{_f(r['gain_lo'], '.2f')}, {_f(r['gain_hi'], '.2f')}]"
-            fits = int(r["batch"])
+            fits = _fits(r)
+            bound = r['bound'] if isinstance(r.get('bound'), str) else '—'
+            strategy = f"{r['strategy']} (at int8's batch)" if r["probe"] else r["strategy"]
             lines.append(
                 f"| {r['model']}{label} | {int(r['context']):,} | {r['budget']} ({r['budget_bytes'] / 1e9:.2f} GB) | "
-                f"{r['strategy']} | {r['seq_kv_bytes'] / 1e6:.1f} | {r['seq_ws_bytes'] / 1e6:.1f} | {fits} | "
-                f"{_f(r['capacity_ratio'], '.2f')} | {_f(r.get('ms_per_step'), '.0f')} | "
+                f"{strategy} | {r['seq_kv_bytes'] / 1e6:.1f} | {r['seq_ws_bytes'] / 1e6:.1f} | {fits} | "
+                f"{'—' if r['probe'] else _f(r['capacity_ratio'], '.2f')} | {_f(r.get('ms_per_step'), '.0f')} | "
                 f"{_f(r.get('tokens_per_s'), '.1f')} | {gain} | {_f(r.get('ttft_s'), '.1f')} | "
                 f"{_f(r.get('peak_rss_bytes', float('nan')) / 1e9, '.2f')} | "
-                f"{_f(r.get('roof_tps'), '.1f')} ({r.get('bound', '—')}) | {_f(r.get('roof_gain'), '.2f')} | "
+                f"{_f(r.get('roof_tps'), '.1f')} ({bound}) | {_f(r.get('roof_gain'), '.2f')} | "
                 f"{_f(r.get('gpu_gain'), '.2f')} |")
     (out / "throughput.md").write_text("\n".join(lines) + "\n")
     plot(frames, out / "throughput.png")
@@ -173,10 +227,12 @@ def plot(frames: dict[str, pd.DataFrame], path: Path) -> None:
               for (m, c), _ in df.groupby(["model", "context"])]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
     for ax, (name, model, context, res) in zip(axes[0], panels, strict=True):
-        sub = res[(res["model"] == model) & (res["context"] == context)]
+        sub = res[(res["model"] == model) & (res["context"] == context) & ~res["probe"]]
         for label, s in sub.groupby("strategy", sort=False):
             s = s.sort_values("budget_bytes")
-            ax.plot(s["budget_bytes"] / 1e9, s["tokens_per_s"].fillna(0), marker="o", label=label)
+            # A row that does not fit its budget serves nothing at it.
+            tps = s.get("tokens_per_s", pd.Series(0.0, index=s.index)).where(s["status"] == "fits", 0).fillna(0)
+            ax.plot(s["budget_bytes"] / 1e9, tps, marker="o", label=label)
         title = f"{model}, {context:,} tokens" + ("\nrandom weights: memory and speed only" if name == "random" else "")
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("memory budget (GB)")

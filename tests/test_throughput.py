@@ -13,12 +13,12 @@ from kvbench.footprint import LiveBytes, weight_bytes
 
 @pytest.mark.parametrize(("text", "weights", "expected"), [
     ("123", 0, 123), ("1.5GB", 0, 1_500_000_000), ("2GiB", 0, 2 * 2**30), ("512 MB", 0, 512_000_000),
-    ("weights+1MB", 7, 1_000_007), (1024, 0, 1024)])
+    ("weights+1MB", 7, 1_000_007), (1024, 0, 1024), ("process+1KB", 7, 1_000 + 500)])
 def test_parse_size(text, weights, expected):
-    assert throughput.parse_size(text, weights) == expected
+    assert throughput.parse_size(text, weights, 500) == expected
 
 
-@pytest.mark.parametrize("bad", ["3XB", "GB", "-1GB", "0", "weights+", "1.5.2GB"])
+@pytest.mark.parametrize("bad", ["3XB", "GB", "-1GB", "0", "weights+", "process+", "1.5.2GB"])
 def test_parse_size_rejects(bad):
     with pytest.raises(KVBenchError, match="valid|positive"):
         throughput.parse_size(bad)
@@ -86,28 +86,56 @@ def test_capacity_is_the_largest_batch_that_fits(bench):
     built, _ = b.build(throughput.check(cfg), 64)
     for one in built:
         single = b.working_set(one, 1)
-        available = 4 * single["working_set_bytes"]
+        # The need counts the step's temporaries beside the attention's: at least the working set, at least
+        # every tensor the step allocated.
+        assert single["need_bytes"] >= single["working_set_bytes"]
+        assert single["need_bytes"] >= single["kv_bytes"] + single["step_temp_bytes"]
+        available = 4 * single["need_bytes"]
         rows, ws = b.capacity(one, available, single)
         assert 1 <= rows <= int(cfg.max_batch)
-        assert ws["working_set_bytes"] <= available
+        assert ws["need_bytes"] <= available
         if rows < int(cfg.max_batch):
-            assert b.working_set(one, rows + 1)["working_set_bytes"] > available
-        assert b.capacity(one, single["working_set_bytes"] // 2, single)[0] == 0
+            assert b.working_set(one, rows + 1)["need_bytes"] > available
+        assert b.capacity(one, single["need_bytes"] // 2, single)[0] == 0
 
 
-def test_run_writes_one_row_per_strategy_budget_context_and_round(tmp_path):
+def test_run_writes_one_row_per_strategy_budget_context_and_round(tmp_path, capsys):
+    """The budget is the whole process's: the process as loaded (weights + the harness's measured overhead) and
+    the templates held come off it before any batch; every row served is checked against its measured peak; and
+    ``full`` at int8's batch is refused before it starts, with one line."""
     import pandas as pd
 
     out = tmp_path / "t.csv"
-    assert throughput.main(["model=tiny-llama", "strategies=[int8]", "contexts=[48]", "budget=[weights+300KB]",
-                            "steps=2", "repeats=2", "question_tokens=4", f"out={out}"]) == 0
+    assert throughput.main(["model=tiny-llama", "strategies=[int8]", "contexts=[64]",
+                            "budget=[process+200KB,weights+200KB]", "steps=2", "repeats=2", "question_tokens=4",
+                            f"out={out}"]) == 0
     df = pd.read_csv(out)
-    assert len(df) == 2 * 2  # full and int8, two rounds
+    first = df.iloc[0]
+    assert first["overhead_bytes"] > 0 and first["baseline_bytes"] == first["weights_bytes"] + first["overhead_bytes"]
+    served = df[~df["probe"]]
+    assert len(served) == 2 * 2 * 2  # full and int8, two budgets, two rounds
     assert set(df["strategy"]) == {"full", "int8"}
-    fitted = df[df["batch"] > 0]
-    assert not fitted.empty
-    assert (fitted["batch_working_set_bytes"] <= fitted["budget_bytes"] - fitted["weights_bytes"]).all()
+    # weights + 200 KB is far below the process as loaded: with the overhead counted, nothing fits.
+    assert (df[df["budget"] == "weights+200KB"]["batch"] == 0).all()
+    fitted = served[served["batch"] > 0]
+    assert set(fitted["budget"]) == {"process+200KB"}
+    assert (fitted["predicted_bytes"] == fitted["baseline_bytes"] + fitted["held_bytes"]
+            + fitted["batch_need_bytes"]).all()
+    assert (fitted["predicted_bytes"] <= fitted["budget_bytes"]).all()
+    assert (fitted["held_bytes"] > 0).all()  # prefill=shared keeps every strategy's template
+    # A fit is a measured one: the peak RSS within the budget's tolerance.
+    assert (fitted["budget_status"] == "fits").all()
+    assert (fitted["peak_rss_bytes"] <= fitted["budget_bytes"] * (1 + throughput.TOLERANCE)).all()
     assert (fitted["tokens_per_s"] > 0).all() and (fitted["kv_read_bytes"] > 0).all()
+    batch = fitted.groupby("strategy")["batch"].first()
+    assert batch["int8"] > batch["full"] >= 1
+    probe = df[df["probe"]]
+    assert len(probe) == 1
+    p = probe.iloc[0]
+    assert p["strategy"] == "full" and p["batch"] == batch["int8"] and p["budget_status"] == "refused"
+    assert p["predicted_bytes"] > p["budget_bytes"] and pd.isna(p.get("tokens_per_s"))
+    refused = [line for line in capsys.readouterr().out.splitlines() if "refused" in line]
+    assert len(refused) == 1 and f"full x {batch['int8']}: refused" in refused[0]
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "kvbench"])
@@ -123,3 +151,40 @@ def test_synthetic_prefill_fills_each_store_with_the_whole_context(impl):
         cache = throughput.synthetic_cache(strategies.build(name), model.config, 100, 32, torch.float32, "cpu", 0)
         assert cache.held_tokens() == [100] * model.config.num_hidden_layers
         assert cache.seen_tokens() == 100
+
+
+def test_a_row_over_its_budget_is_not_a_fit(bench, monkeypatch):
+    """The measured peak decides: a batch whose peak RSS passes the budget (+5%) is "over", not a fit; with the
+    check between steps on, it is stopped at once with one line."""
+    cfg, b = bench
+    built, _ = b.build(throughput.check(cfg), 64)
+    one = built[1]
+    rss = throughput.process_bytes("cpu")
+    fits = b.decode(one, 2, budget=2 * rss)
+    assert fits["budget_status"] == "fits" and fits["steps_done"] == int(cfg.steps)
+    stopped = b.decode(one, 2, budget=rss // 2)
+    assert stopped["budget_status"] == "stopped" and stopped["steps_done"] == 0
+    assert "tokens_per_s" not in stopped and len(stopped["stop_line"].splitlines()) == 1
+    assert "stopped before decode step 1" in stopped["stop_line"]
+    # With the check between steps blind, the sampled peak still marks the row.
+    monkeypatch.setattr(throughput, "process_bytes", lambda device: 0)
+    over = b.decode(one, 2, budget=rss // 2)
+    assert over["budget_status"] == "over" and over["peak_rss_bytes"] > rss // 2 * (1 + throughput.TOLERANCE)
+
+
+def test_synthetic_templates_are_not_held_while_a_batch_decodes(tmp_path):
+    """Under prefill=synthetic a template is drawn again when needed and a batch's last row is the template
+    itself: the harness holds nothing of its own, and the redrawn cache is the same."""
+    cfg = throughput.compose(["model=tiny-llama", "strategies=[int8]", "contexts=[64]", "prefill=synthetic",
+                              "steps=2", "repeats=1", "question_tokens=4", "max_batch=4"])
+    from kvbench.hardware import HardwareProfile
+
+    b = throughput.Bench(cfg, HardwareProfile.from_config(cfg.hardware))
+    built, _ = b.build(throughput.check(cfg), 64)
+    before = [one.cache.kv_bytes() for one in built]
+    for one in built:
+        b.working_set(one, 2)
+        assert one.cache is None
+    assert throughput.Bench.held(built) == 0
+    _, caches, _, _ = b.batch(built[0], 1)
+    assert caches[0].kv_bytes() >= before[0] and built[0].cache is None
