@@ -115,8 +115,9 @@ def headline(summary: pd.DataFrame, scope: str, setting: str | None = None,
     if design is not None and recs is not None:
         # One family over the design's scopes (spec v1.2 §2.6): the judging sees every task at this scope's length.
         pooled = scope.startswith(f"{OVERALL}@")
-        band = bands.with_bands(recs)[bands.BAND] if "context_tokens" in recs and len(recs) else None
-        length = f"{OVERALL}@{int(band.iloc[0])}" if band is not None and band.notna().iloc[0] else None
+        lengths = bands.with_bands(recs)[bands.BAND] if "context_tokens" in recs and len(recs) else None
+        length = (f"{OVERALL}@{int(lengths.iloc[0])}" if lengths is not None and lengths.notna().iloc[0]
+                  else None)
         every = scope_records(records, length, setting) if length and not pooled else recs
         judged = {v.comparison.a: v for v in noninferiority_through_looks(
             every, [p.strategy for p in family], BASELINE, design, LOSS_PP,
