@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> None:
     if not (args.hydra_help or args.info or args.shell_completion):
         try:
             _check_hydra_dirs(args.overrides)
-            n_jobs = check_overrides(args.overrides, multirun=args.multirun)
+            # Printing the config (--cfg job|hydra|all) runs no job, so the task's data is not read for it.
+            n_jobs = check_overrides(args.overrides, multirun=args.multirun, samples=not args.cfg)
         except KVBenchError as exc:
             job = getattr(exc, "job", None)
             fail(f"job {' '.join(job)}: {exc}" if args.multirun and job else str(exc))

@@ -496,17 +496,20 @@ def _job_key(cfg: Any) -> str:
     return stable_hash(OmegaConf.to_container(cfg, resolve=True), 64)
 
 
-def check_overrides(overrides: list[str], multirun: bool | None = None) -> int:
+def check_overrides(overrides: list[str], multirun: bool | None = None, samples: bool = True) -> int:
     """Compose and validate every job of ``overrides`` before anything runs (nothing is written).
 
-    Returns the number of jobs. ``multirun=None`` accepts sweeps (a sweep file's job list)."""
+    Returns the number of jobs. ``multirun=None`` accepts sweeps (a sweep file's job list). ``samples=False``
+    leaves out :func:`check_task_fits`, the one check that reads the task's data (a dataset download, a corpus
+    tokenized): printing the config (``--cfg job``) needs the composition, not the documents."""
     with hydra_context() as loader:
         jobs = parse_jobs(list(overrides), True if multirun is None else multirun, loader)
         unique = list({tuple(j): j for j in jobs}.values())
         for job, cfg in compose_jobs(unique):
             try:
                 _CHECKED[_job_key(cfg)] = check_job(cfg, job)
-                check_task_fits(cfg)
+                if samples:
+                    check_task_fits(cfg)
             except KVBenchError as exc:
                 raise JobError(str(exc), job) from None
     return len(jobs)

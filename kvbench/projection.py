@@ -28,6 +28,7 @@ class JobInfo:
     run_id: str = ""
     questions: int = 0  # counted from the built samples (0: not built; the config's n_samples x K stands in)
     contexts: int = 0  # the distinct contexts of the built samples (0: not built)
+    task: str = ""  # the records' task name (kvbench.runner.dataset_name): its own timings first, within the band
 
     @property
     def n_questions(self) -> int:
@@ -64,12 +65,17 @@ def project(jobs: list[JobInfo], results_dir: str | Path = "results") -> Project
     A job's cost is ``contexts x median prefill + questions x (sum over its strategies, baseline included, of
     the median compress + query + decode seconds per question)`` (one prefill per context; a context's
     compression is counted once per question, an over-estimate by the compress seconds when it has several),
-    the medians taken over stored records of the same model, hardware and context length (a strategy matched by
-    its exact parameters, else by its name). A job any of whose figures has no such record is counted as
-    unmeasured. Model loading is not in the records, so it is not in the projection; jobs already finished are
-    skipped when run, so a re-run costs less.
+    the medians taken over stored records of the same model, hardware and length band (a strategy matched by
+    its exact parameters, else by its name). A job's ``context_tokens`` is the length its task was declared at,
+    which is what a record's band is (:mod:`kvbench.bands`): one's own documents keep their natural lengths
+    under that budget, so matching the exact length found none of their earlier timings. Within the band, the
+    job's own task's records are used when the store has them (a natural-length task's contexts are shorter
+    than a fixed-length task's at the same band), else every task's. A job any of whose figures has no such
+    record is counted as unmeasured. Model loading is not in the records, so it is not in the projection; jobs
+    already finished are skipped when run, so a re-run costs less.
     """
-    source = f"median per-sample prefill/compress/decode seconds in {results_dir}/store, same model/hardware/context"
+    source = (f"median per-sample prefill/compress/decode seconds in {results_dir}/store, same model/hardware/"
+              "length band")
     try:
         from kvbench.results import read_store
 
@@ -80,14 +86,18 @@ def project(jobs: list[JobInfo], results_dir: str | Path = "results") -> Project
             "query_s", "decode_ms_per_token", "decode_steps"}
     if df is None or df.empty or not need <= set(df.columns):
         return Projection(0.0, 0, list(jobs), source)
-    df = df.assign(_rest=_per_sample(df))
-    groups = {k: g for k, g in df.groupby(["model", "hardware", "context_tokens"])}
+    from kvbench.bands import BAND, with_bands
+
+    df = with_bands(df).assign(_rest=_per_sample(df))
+    groups = {k: g for k, g in df.groupby(["model", "hardware", BAND])}
     total, measured, unmeasured = 0.0, 0, []
     for job in jobs:
-        g = groups.get((job.model, job.hardware, job.context_tokens))
+        g = groups.get((job.model, job.hardware, float(job.context_tokens)))
         if g is None:
             unmeasured.append(job)
             continue
+        if job.task and (g["task"] == job.task).any():
+            g = g[g["task"] == job.task]
         costs = []
         for name, label in job.strategies:
             rows = g[g["strategy"] == label]

@@ -202,10 +202,11 @@ def announce(cfg: DictConfig, strategies: list[Strategy], samples: list[Any] | N
     n = int(cfg.task.get("n_samples") or 1)
     qpc = int(cfg.task.get("questions_per_context") or 1)
     questions, contexts = (len(samples), len({context_of(s) for s in samples})) if samples else (n * qpc, n)
-    tokens = int(cfg.task.get("context_tokens") or 0)
+    tokens = int(cfg.task.get("context_tokens") or 0)  # the band the records will be in (kvbench.bands)
+    dataset = dataset_name(cfg.task)
     job = JobInfo(str(cfg.model.name), str(cfg.hardware.name), tokens, n, [(s.name, s.label()) for s in strategies],
-                  str(cfg.results_dir), qpc, questions=questions, contexts=contexts)
-    what = (f"kvbench: {dataset_name(cfg.task)}, {questions} question(s)"
+                  str(cfg.results_dir), qpc, questions=questions, contexts=contexts, task=dataset)
+    what = (f"kvbench: {dataset}, {questions} question(s)"
             + (f" on {contexts} context(s)" if contexts != questions else "") + f" x {len(strategies)} strategies "
             f"({', '.join(s.name for s in strategies)}) on {cfg.model.name}"
             + (f" at {tokens} tokens" if tokens else "") + f", into {cfg.results_dir}")

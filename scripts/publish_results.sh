@@ -11,8 +11,9 @@
 # Each directory is sealed first: its MANIFEST.sha256 (the sha256 of every file of runs/, store/, baselines/) is
 # rewritten only when every file is in the committed manifest (git HEAD's; the tree's own outside git) or vouched
 # for by the run that wrote it (kvbench verify --write --against): a forged, hidden or linked file stops the
-# publish before it can become an answer line. The leaderboard then runs --strict against it, and `kvbench verify
-# --results-dir DIR` later names every file added, removed or edited after publishing.
+# publish before it can become an answer line. The leaderboard then runs --strict against it, --out-dir naming the
+# tree (a published tree's pages are rewritten only when asked), and `kvbench verify --results-dir DIR` later names
+# every file added, removed or edited after publishing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -37,14 +38,15 @@ shot() {  # what a reader sees in a browser at 1400 px, next to the page
     --screenshot="$1/leaderboard.png" "file://$(cd "$1" && pwd)/leaderboard.html" 2>/dev/null
 }
 seal results
-"$PY" -m kvbench leaderboard --strict --results-dir results --model smollm2-135m --hardware cpu --spec-version 1.2 --plots \
+"$PY" -m kvbench leaderboard --strict --results-dir results --out-dir results --model smollm2-135m --hardware cpu \
+  --spec-version 1.2 --plots \
   --measured-by "${LEADERBOARD_CMD:-scripts/reproduce_leaderboard.sh --per-round 8 (rounds of kvbench sweep leaderboard; finished questions are reused)}"
 shot results
 if [[ -d results/headline/store ]]; then
   # Judged by the sweep file's pre-registered looks (spec v1.2 §2.5): every figure is the last complete look's.
   seal results/headline
-  "$PY" -m kvbench leaderboard --strict --results-dir results/headline --model smollm2-135m --hardware cpu \
-    --spec-version 1.2 --design headline --plots --measured-by "${HEADLINE_CMD:-scripts/reproduce_headline.sh --per-round 48 (rounds of kvbench sweep headline; finished questions are reused)}"
+  "$PY" -m kvbench leaderboard --strict --results-dir results/headline --out-dir results/headline --model smollm2-135m \
+    --hardware cpu --spec-version 1.2 --design headline --plots --measured-by "${HEADLINE_CMD:-scripts/reproduce_headline.sh --per-round 48 (rounds of kvbench sweep headline; finished questions are reused)}"
   "$PY" -m kvbench plan --results-dir results/headline --model smollm2-135m --hardware cpu --spec-version 1.2 \
     --design headline > results/headline/plan.txt
   shot results/headline
@@ -52,15 +54,15 @@ fi
 if [[ -d results/long8k/store ]]; then
   # int8 vs full at 8,000 tokens (conf/sweep/long8k.yaml): whatever rounds finished, with their intervals.
   seal results/long8k
-  "$PY" -m kvbench leaderboard --strict --results-dir results/long8k --model smollm2-135m --hardware cpu \
-    --spec-version 1.2 --measured-by "${LONG8K_CMD:-kvbench sweep long8k --per-round 8 (rounds; finished questions are reused)}"
+  "$PY" -m kvbench leaderboard --strict --results-dir results/long8k --out-dir results/long8k --model smollm2-135m \
+    --hardware cpu --spec-version 1.2 --measured-by "${LONG8K_CMD:-kvbench sweep long8k --per-round 8 (rounds; finished questions are reused)}"
 fi
 if [[ -d results/confirm/store ]]; then
   # The confirmatory study (conf/design/confirm.yaml, registered before the store's first record): judged only at
   # the design's looks; until the first look is complete the page says so and judges nothing.
   seal results/confirm
-  "$PY" -m kvbench leaderboard --strict --results-dir results/confirm --model smollm2-135m --hardware cpu \
-    --spec-version 1.2 --design confirm --plots --measured-by "${CONFIRM_CMD:-kvbench sweep confirm (rounds of 16 questions per job; finished questions are reused)}"
+  "$PY" -m kvbench leaderboard --strict --results-dir results/confirm --out-dir results/confirm --model smollm2-135m \
+    --hardware cpu --spec-version 1.2 --design confirm --plots --measured-by "${CONFIRM_CMD:-kvbench sweep confirm (rounds of 16 questions per job; finished questions are reused)}"
   "$PY" -m kvbench plan --results-dir results/confirm --model smollm2-135m --hardware cpu --spec-version 1.2 \
     --design confirm > results/confirm/plan.txt
   shot results/confirm

@@ -18,7 +18,7 @@ PY=${PYTHON:-.venv/bin/python}
 out=${RESULTS_DIR:-results}
 "$PY" -m kvbench sweep leaderboard --results-dir "$out" "$@"
 [[ " $* " == *" --dry-run "* ]] && exit 0
-"$PY" -m kvbench leaderboard --results-dir "$out" --model smollm2-135m --hardware cpu --plots
+"$PY" -m kvbench leaderboard --results-dir "$out" --out-dir "$out" --model smollm2-135m --hardware cpu --plots
 chrome="$(command -v chromium || command -v chromium-browser || true)"  # --no-sandbox: root in containers
 [[ -z "$chrome" ]] || "$chrome" --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,1000 \
   --screenshot="$out/leaderboard.png" "file://$(cd "$out" && pwd)/leaderboard.html" 2>/dev/null

@@ -71,3 +71,34 @@ def test_own_data_and_a_fixed_task_share_a_band_at_the_budget(records):
     scope = lb.pooled_scope(lb.settings[0])
     assert scope.tasks == ("alpha", "beta") and not scope.left_out
     assert scope.text() == "alpha, beta pooled at 64–128 tokens (one band, up to 128)"
+
+
+def test_the_eta_of_own_data_is_projected_from_its_band(records, tmp_path):
+    """Own documents keep their natural lengths (the fixture's 64 and 128 tokens, under a 256-token budget): a
+    job declared at 256 tokens found no timing at that exact length and said "no measured rate"; it is
+    projected from the band's records, its own task's first (a fixed-length task in the band is slower)."""
+    from kvbench.projection import JobInfo, project
+    from kvbench.results import atomic_write_parquet
+
+    own = _natural(records, "alpha", 256).assign(task="own")
+    fixed = records[(records["task"] == "beta") & (records["context_tokens"] == 128)].copy()
+    fixed = fixed.assign(context_tokens=256, prefill_s=fixed["prefill_s"] * 10)  # a 256-token fixed task
+    store = tmp_path / "store"
+    atomic_write_parquet(own, store / "own.parquet")
+    atomic_write_parquet(fixed, store / "fixed.parquet")
+    assert not (own["context_tokens"] == 256).any()
+    int8 = next(s for s in own["strategy"].unique() if s.startswith("int8("))
+    strategies = [("full", "full"), ("int8", int8)]
+
+    def expected(rows: pd.DataFrame) -> float:
+        rest = rows["compress_s"].fillna(0) + rows["query_s"].fillna(0) + \
+            rows["decode_ms_per_token"].fillna(0) * rows["decode_steps"].fillna(0) / 1000
+        by_label = rest.groupby(rows["strategy"]).median()
+        return 5 * (rows["prefill_s"].median() + by_label["full"] + by_label[int8])
+
+    p = project([JobInfo("tiny-llama", "cpu", 256, 5, strategies, task="own")], tmp_path)
+    assert p.measured == 1 and p.seconds == pytest.approx(expected(own))
+    both = pd.concat([own, fixed])  # a task the store has not measured: the whole band
+    p = project([JobInfo("tiny-llama", "cpu", 256, 5, strategies, task="mine")], tmp_path)
+    assert p.measured == 1 and p.seconds == pytest.approx(expected(both))
+    assert project([JobInfo("tiny-llama", "cpu", 128, 5, strategies, task="own")], tmp_path).measured == 0

@@ -205,3 +205,25 @@ def test_the_task_config_lists_every_preset_and_setting():
     text = (Path(__file__).resolve().parents[1] / "conf" / "task" / "hf.yaml").read_text()
     assert f"preset: {' | '.join(PRESETS)}" in text
     assert all(key in text for key in HF_DEFAULTS if key.endswith("_field"))
+
+
+def test_cfg_job_prints_the_config_without_reading_the_dataset(capsys, monkeypatch, saved_longbench):
+    """`--cfg job` printed the config only after building the task's samples (the up-front check of a run):
+    on a real dataset, a download and a tokenization to print a YAML. The run's own check still reads it."""
+    import yaml
+
+    from kvbench import cli
+    from kvbench.config import check_overrides
+
+    read = []
+    real = hf.load
+    monkeypatch.setattr(hf, "load", lambda cfg: read.append(cfg) or real(cfg))
+    args = ["model=tiny-llama", "task=hf", f"task.dataset={saved_longbench}", "task.preset=longbench",
+            "task.context_tokens=512", "task.n_samples=2"]
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*args, "--cfg", "job"])
+    assert exc.value.code == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["task"]["dataset"] == str(saved_longbench) and cfg["task"]["n_samples"] == 2
+    assert read == []
+    assert check_overrides(args) == 1 and len(read) == 1  # without --cfg the samples are built before the run

@@ -115,6 +115,57 @@ def test_regeneration_is_byte_identical(store_dir, tmp_path):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
+def test_a_published_tree_is_left_as_committed_without_out_dir(capsys, monkeypatch, store_dir, tmp_path):
+    """Reading the committed results/ (it carries MANIFEST.sha256) rewrote its pages; now they go to the
+    git-ignored results/adhoc/leaderboard/<name>, said in one line, and --out-dir naming the tree republishes."""
+    from kvbench import manifest
+
+    results = tmp_path / "results"
+    shutil.copytree(store_dir, results, ignore=shutil.ignore_patterns("*.md", "*.csv", "*.html", ".*"))
+    manifest.write_manifest(results)
+
+    def committed() -> dict[Path, bytes]:  # results/adhoc/ lies inside results/, git-ignored as in the checkout
+        return {p: p.read_bytes() for p in results.rglob("*") if p.is_file() and "adhoc" not in p.parts}
+
+    before = committed()
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert leaderboard.main(["--results-dir", "results"]) == 0
+    captured = capsys.readouterr()
+    assert committed() == before  # nothing written into the published tree
+    adhoc = Path("results/adhoc/leaderboard/results")
+    assert all((tmp_path / adhoc / name).is_file() for name in OUTPUTS)
+    err = [ln for ln in captured.err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "published tree" in err[0] and str(adhoc) in err[0] and "--out-dir results" in err[0]
+    assert str(adhoc / "leaderboard.md") in captured.out
+    assert leaderboard.main(["--results-dir", "results", "--out-dir", "results"]) == 0  # as publish_results.sh
+    assert (results / "leaderboard.md").read_bytes() == (tmp_path / adhoc / "leaderboard.md").read_bytes()
+    assert "published tree" not in capsys.readouterr().err
+
+
+def test_a_working_tree_without_a_manifest_gets_its_pages_in_place(capsys, store_dir, tmp_path):
+    results = _copy_store(store_dir, tmp_path / "results")
+    capsys.readouterr()
+    assert leaderboard.main(["--results-dir", str(results)]) == 0
+    assert (results / "leaderboard.md").is_file() and capsys.readouterr().err == ""
+    assert leaderboard.default_out_dir(results) == results
+
+
+def test_the_publish_scripts_name_the_tree_they_republish():
+    """Each leaderboard call of the scripts that regenerate committed pages names --out-dir as its --results-dir:
+    without it the board of a published tree goes to results/adhoc, and the committed pages would go stale."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    for script in ("publish_results.sh", "reproduce_leaderboard.sh"):
+        text = (root / "scripts" / script).read_text().replace("\\\n", " ")
+        calls = [ln for ln in text.splitlines() if "kvbench leaderboard" in ln and "-m kvbench" in ln]
+        assert calls, script
+        for call in calls:
+            dirs = re.search(r"--results-dir (\S+)", call), re.search(r"--out-dir (\S+)", call)
+            assert dirs[0] and dirs[1] and dirs[0].group(1) == dirs[1].group(1), (script, call)
+
+
 def test_cli_dispatches_the_subcommand(store_dir, tmp_path):
     from kvbench.cli import main
 

@@ -17,6 +17,11 @@ strategy's records with the ``full`` baseline on identical samples, summarises t
 * ``claim_check.md`` — :mod:`kvbench.claims`, per setting;
 * with ``--plots`` (or ``--plots-only``), the figures of :mod:`kvbench.plots` into ``<out-dir>/plots``.
 
+They go into ``--out-dir``; without it, into the results directory — unless that is a published tree (it carries
+``MANIFEST.sha256``, as the committed ``results/`` does): a reader regenerating the board should not rewrite the
+committed pages, so they go to ``results/adhoc/leaderboard/<name>`` (git-ignored, beside ad-hoc runs) with one
+line saying so; ``scripts/publish_results.sh`` names ``--out-dir`` to republish.
+
 Which records are read is :mod:`kvbench.selection`'s job (its filter flags are this command's). Only
 records of one spec version, model, hardware profile and dtype are ranked together: accuracy deltas of
 different models (or specs) answer different questions, and latency from different hardware cannot
@@ -33,6 +38,7 @@ command line. The names below are re-exported so ``from kvbench import leaderboa
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from kvbench import manifest
@@ -81,7 +87,7 @@ from kvbench.leaderboard.table import (
     read_records,
     sort_leaderboard,
 )
-from kvbench.results import atomic_write_text
+from kvbench.results import atomic_write_text, printable
 from kvbench.selection import (
     Filters,
     add_design_argument,
@@ -116,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "claim_check.md (and the plots with --plots).")
     add_filter_arguments(p)
     add_design_argument(p)
-    p.add_argument("--out-dir", default=None, help="where to write (default: the results directory)")
+    p.add_argument("--out-dir", default=None,
+                   help="where to write (default: the results directory; for a published one, with "
+                        f"{manifest.MANIFEST}, {ADHOC}/<its name>)")
     p.add_argument("--sort", default=DEFAULT_SORT,
                    help=f"column to rank by, best first (any leaderboard.csv column, default {DEFAULT_SORT})")
     p.add_argument("--reverse", action="store_true", help="reverse the --sort order")
@@ -135,11 +143,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Where the board of a published results tree goes without ``--out-dir`` (git-ignored, as ad-hoc runs are).
+ADHOC = Path("results/adhoc/leaderboard")
+
+
+def default_out_dir(results_dir: str | Path) -> Path:
+    """The results directory itself, or for a published tree (``MANIFEST.sha256``) ``ADHOC/<its name>``: its
+    committed pages are regenerated only on purpose (``--out-dir``), never as a side effect of reading it."""
+    results = Path(results_dir)
+    if not (results / manifest.MANIFEST).is_file():
+        return results
+    return ADHOC / (results.resolve().name or "results")
+
+
 def _write_from_args(args: argparse.Namespace) -> list[Path]:
     from kvbench.paths import check_output_dir
 
     # Held to results_dir's rules before anything is read or written: --out-dir /etc/x wrote into /etc as root.
-    out_dir = check_output_dir(args.out_dir, "--out-dir") if args.out_dir is not None else Path(args.results_dir)
+    out_dir = check_output_dir(args.out_dir, "--out-dir") if args.out_dir is not None else \
+        default_out_dir(args.results_dir)
     manifest.check(args.results_dir, strict=args.strict)
     lb = build(read_records(args.results_dir), filters_from_args(args), args.sort, args.reverse, args.depth_key,
                design_from_args(args))
@@ -151,6 +173,10 @@ def _write_from_args(args: argparse.Namespace) -> list[Path]:
 
         paths += write_all(lb.records, lb.summary, out_dir / "plots", needle_strategies=args.needle_strategy,
                            pooled={s: lb.pooled_scope(s).text() for s in lb.settings})
+    if args.out_dir is None and out_dir != Path(args.results_dir):  # said once it is done, as the one note
+        print(f"kvbench leaderboard: {printable(str(args.results_dir))} is a published tree ({manifest.MANIFEST}) "
+              f"and was left as committed; wrote to {printable(str(out_dir))} (--out-dir "
+              f"{printable(str(args.results_dir))} rewrites its pages)", file=sys.stderr)
     return paths
 
 
@@ -160,12 +186,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = [
-    "BASELINE_FLOOR", "BEYOND", "CSV_FLOAT_FORMAT", "CSV_TASK_COLUMNS", "DEFAULT_SORT", "HIGHER_IS_BETTER",
+    "ADHOC", "BASELINE_FLOOR", "BEYOND", "CSV_FLOAT_FORMAT", "CSV_TASK_COLUMNS", "DEFAULT_SORT", "HIGHER_IS_BETTER",
     "LATENCY_METRICS",
     "NOT_POOLED", "OFFLOADING", "OVERALL", "OVERALL_COLUMNS", "RANKED", "RANK_COLUMNS", "REFERENCE", "ROW_COLUMNS",
     "TASK_METRICS", "TEST_COLUMNS", "UNDECIDED_IN", "UNDECIDED_OUT", "VERDICT_ORDER", "WITHIN", "Column", "Filters",
     "Leaderboard", "PooledScope", "answer_sentence", "answer_shown", "baseline_line",
-    "build", "build_parser", "claim_verdicts", "display_columns",
+    "build", "build_parser", "claim_verdicts", "default_out_dir", "display_columns",
     "fmt_value", "inline_markdown", "main", "main_columns", "margin_pp", "overall_summary", "paired_records",
     "read_records", "render_claim_check", "render_csv", "render_html", "render_markdown", "sort_leaderboard",
     "task_columns", "write",
