@@ -275,3 +275,8 @@ def interruptible(entry: Callable[[], None]) -> None:
         print("\nkvbench: interrupted; every finished sample is kept, and the same command resumes from there",
               file=sys.stderr)
         raise SystemExit(130) from None
+    except BrokenPipeError:
+        # The reader closed our stdout (`kvbench --help | head -3`): what it wanted is printed, so end quietly, as
+        # command-line tools do; stdout goes to /dev/null so the interpreter's own flush at exit cannot raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(0) from None

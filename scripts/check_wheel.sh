@@ -22,8 +22,9 @@ assert "site-packages" in kvbench.__file__, kvbench.__file__
 assert importlib.util.find_spec("strategies") is None, "the wheel must not install a top-level 'strategies'"
 assert "int8" in s.available() and "snapkv" in s.available(), s.available()
 PY
-"$work/venv/bin/kvbench" --help | head -3
-"$work/venv/bin/kvbench-lm-eval" --help | head -2
+# Whole, then shown: with pipefail, `--help | head` would fail whenever head closes the pipe before the last write.
+"$work/venv/bin/kvbench" --help >"$work/help.txt" && head -3 "$work/help.txt"
+"$work/venv/bin/kvbench-lm-eval" --help >"$work/help-lm-eval.txt" && head -2 "$work/help-lm-eval.txt"
 "$work/venv/bin/kvbench" model=tiny-llama task=jsonl "task.path=$root/tests/fixtures/tiny_longbench.jsonl" \
   task.n_samples=1 task.max_new_tokens=2 strategy=int8 hardware.threads=1 "results_dir=$work/results"
 test -n "$(ls "$work"/results/store/*.parquet)"

@@ -90,3 +90,16 @@ def test_the_first_line_counts_the_questions_and_contexts_the_task_really_holds(
     samples = build_samples("jsonl", cfg.task, ByteTokenizer(), 1 << 20)
     assert announce(cfg, strategies, samples).startswith("kvbench: own, 15 question(s) on 6 context(s) x ")
     assert announce(cfg, strategies).startswith("kvbench: own, 30 question(s) on 10 context(s) x ")  # unbuilt
+
+
+def test_a_closed_stdout_ends_quietly_with_status_0():
+    # `kvbench --help | head -3`: the reader closing the pipe is not an error (CI's wheel check runs it under
+    # pipefail); the same entry wrapper as the console script, in its own process (it redirects fd 1).
+    import subprocess
+    import sys
+
+    code = ("from kvbench.cli import interruptible\n"
+            "def entry():\n    raise BrokenPipeError(32, 'Broken pipe')\n"
+            "interruptible(entry)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
