@@ -161,6 +161,20 @@ def test_undecided_at_the_last_look_is_undetermined_at_the_planned_n():
     assert {r[4] for r in plan.plan_rows(check) if r[3] == "int8"} == {"undetermined at the planned n"}
 
 
+def test_before_its_first_look_a_design_judges_nothing_and_every_page_says_so():
+    # 5 contexts per task against looks every 10: no look is complete, so the pages say the figures are interim.
+    from kvbench.leaderboard import render_markdown
+
+    recs = _looked({"full": [1] * 40, "int8": [1] * 40}, tasks=("legal", "papers"))
+    recs = recs.assign(dtype="float32", config_hash="abc", run_id="r-m-abc", seed=0, strategy_name=recs["strategy"],
+                       params="{}")
+    lb = build(recs, design=Design(100, 10))
+    assert lb.meta["look"] == "0"
+    assert "no look of the design is complete yet" in render_markdown(lb)
+    assert "No look is complete yet" in render_claim_check(lb)
+    assert "no look of the design" not in render_markdown(build(recs))
+
+
 def test_leaderboard_and_plan_judge_the_store_at_its_last_look(tmp_path, capsys):
     recs = _looked({"full": [1] * 264, "int8": [1] * 264, "fp8": [0 if i % 3 == 0 else 1 for i in range(264)]},
                    tasks=("legal", "papers"))  # 33 contexts per task

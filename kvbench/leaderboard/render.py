@@ -191,7 +191,10 @@ def _header_lines(lb: Leaderboard, style: type = fmt.Markdown) -> list[str]:
           f"design's looks against their nominal levels, not at 0.025 ({t(m['design'])})"
           + (f"; {t(m['after_look'])} record(s) measured after this look wait for the next one" if
              m.get("after_look", "0") != "0" else "") + "."]
-         if m.get("look", "0") != "0" else []) \
+         if m.get("look", "0") != "0" else
+         [f"{style.bold('Group-sequential')} (spec v1.2 §2.5): no look of the design is complete yet "
+          f"({t(m['design'])}): every figure is interim, over every record measured so far, and no verdict below "
+          "is the design's."] if "design" in m else []) \
         + ([f"{style.bold('Partial')}: {t(m['partial'])} record(s) come from runs that have not finished (their "
           "records.jsonl, not yet in the store); the rows they enter are marked (partial) and will change when "
           "the runs complete."] if m.get("partial", "0") != "0" else [])
