@@ -247,6 +247,8 @@ def load_measured(root: str | Path, setting: str, context: int) -> list[Measured
         table = pd.read_csv(path)
         if "setting" not in table or "strategy" not in table:
             continue
+        if "interim" in table and table["interim"].astype(bool).any():
+            continue  # a registered design's store before its first look: nothing in it is a verdict yet
         records = _store_lengths(path.parent)
         mine = records[records["setting"] == setting]
 

@@ -281,3 +281,15 @@ def test_shipped_profiles_leave_out_the_untracked_probe(monkeypatch):
 
     monkeypatch.setattr(kvbench.hardware, "available_profiles", lambda: ["cpu", "probed", "server-gpu-80g"])
     assert advise.shipped_profiles() == ["cpu", "server-gpu-80g"]
+
+
+def test_an_interim_leaderboard_is_no_evidence(tmp_path):
+    # A registered design's store before its first look (its CSV's `interim` column) lends advise nothing; the
+    # same table without the column is read.
+    rows = [{"strategy": "full", "bytes": 2.0 * SMOL_ELEMENTS},
+            {"strategy": "aa", "bytes": 1.0 * SMOL_ELEMENTS, "legal": (100, 0.0, -0.5, 0.5)}]
+    for name, t in (("judged", table(rows)), ("interim", table(rows).assign(interim=True))):
+        (tmp_path / name).mkdir()
+        t.to_csv(tmp_path / name / "leaderboard.csv", index=False)
+    sources = {e.source for m in advise.load_measured(tmp_path, "query-agnostic", 4096) for e in m.evidence.values()}
+    assert sources == {str(tmp_path / "judged" / "leaderboard.csv")}

@@ -173,6 +173,7 @@ def test_before_its_first_look_a_design_judges_nothing_and_every_page_says_so():
     assert "no look of the design is complete yet" in render_markdown(lb)
     assert "No look is complete yet" in render_claim_check(lb)
     assert "no look of the design" not in render_markdown(build(recs))
+    assert lb.table["interim"].all() and "interim" not in build(recs).table  # the CSV says so; advise skips it
 
 
 def test_leaderboard_and_plan_judge_the_store_at_its_last_look(tmp_path, capsys):

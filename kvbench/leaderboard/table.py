@@ -423,6 +423,10 @@ def build(records: pd.DataFrame, filters: Filters | None = None, sort: str | Non
         partial = paired[paired["partial"].fillna(False).astype(bool)].groupby(["setting", "strategy"]).size()
         table["partial"] = [(st, s) in partial.index for st, s in zip(table["setting"], table["strategy"],
                                                                        strict=True)]
+    if look_meta and look_meta["look"] == "0":
+        # A registered design before its first look: every row is interim, never evidence (kvbench advise and
+        # anything reading the CSV skip such a table); judged tables carry no such column, so theirs are unchanged.
+        table["interim"] = True
     meta = {
         "model": ", ".join(_distinct(chosen["model"])),
         "spec_version": ", ".join(_distinct(chosen["spec_version"])),
