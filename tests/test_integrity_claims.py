@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import test_integrity as ti
+from test_integrity_cache import _within
 
 from kvbench.results import ActiveWorker, RunStore, SampleClaims
 from kvbench.results import claims as claims_mod
@@ -75,16 +75,6 @@ def test_a_worker_file_of_a_dead_pid_here_is_removed_and_marks_nothing(tmp_path)
         claims.write([{"config_hash": "h", "sample_id": "s0", "strategy": "full", "score": 1.0}])
     (rec,) = store.load_records()
     assert rec["timing_contended"] is False and not dead.exists()
-
-
-def _within(seconds: float, fn):
-    """``fn()`` run in a thread; fails the test instead of hanging it when it does not return in time."""
-    out: list = []
-    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), "hung"
-    return out[0]
 
 
 def test_a_fifo_in_place_of_a_claim_or_worker_file_hangs_nobody(tmp_path):

@@ -17,11 +17,11 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from test_integrity_cache import _within
 from test_kernels import Builder, _name, _source
 
 from kvbench import kernels
@@ -33,16 +33,6 @@ pytestmark = pytest.mark.skipif(kernels.compiler() is None, reason="no C++ compi
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache" / "kernels"
-
-
-def _within(seconds: float, fn):
-    """``fn()`` run in a thread; fails the test instead of hanging it when it does not return in time."""
-    out: list = []
-    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), "hung"
-    return out[0]
 
 
 def _home(cache: Path, name: str, src: Path) -> Path:
