@@ -25,6 +25,8 @@ from typing import Any
 
 import pandas as pd
 
+from kvbench.fmt import as_float
+
 #: The column :func:`with_bands` adds.
 BAND = "length_band"
 
@@ -41,14 +43,6 @@ def _meta(value: Any) -> dict[str, Any]:
     return {}
 
 
-def _number(value: Any) -> float:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return math.nan
-    return out
-
-
 def bands(records: pd.DataFrame) -> pd.Series:
     """Each record's band in tokens (NaN where no length is recorded); see the module docstring for the rule."""
     if records.empty or "context_tokens" not in records:
@@ -56,7 +50,7 @@ def bands(records: pd.DataFrame) -> pd.Series:
     lengths = pd.to_numeric(records["context_tokens"], errors="coerce")
     metas = [_meta(m) for m in (records["sample_meta"] if "sample_meta" in records
                                 else pd.Series(None, index=records.index))]
-    budget = pd.Series([_number(m.get("context_budget")) for m in metas], index=records.index)
+    budget = pd.Series([as_float(m.get("context_budget")) for m in metas], index=records.index)
     natural = pd.Series(["original_context_tokens" in m for m in metas], index=records.index)
     loose = natural & budget.isna()
     # Rule 2: one band per task for natural-length records that predate the recorded budget.

@@ -160,3 +160,12 @@ def delta_interval(delta: Any, low: Any, high: Any, digits: int = 1) -> str:
 
 def is_finite(value: Any) -> bool:
     return not is_missing(value) and math.isfinite(float(value))
+
+
+def as_float(value: Any) -> float:
+    """``float(value)``, or NaN where ``value`` is no number (None, a word): figures read from files the harness
+    did not write (sample metadata, lm-eval's results) are missing rather than fatal."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan

@@ -37,6 +37,14 @@ shot() {  # what a reader sees in a browser at 1400 px, next to the page
   "$chrome" --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,1000 \
     --screenshot="$1/leaderboard.png" "file://$(cd "$1" && pwd)/leaderboard.html" 2>/dev/null
 }
+designed() {  # a store judged by a registered design ($2) at its looks: sealed, board, plan, screenshot
+  seal "$1"
+  "$PY" -m kvbench leaderboard --strict --results-dir "$1" --out-dir "$1" --model smollm2-135m --hardware cpu \
+    --spec-version 1.2 --design "$2" --plots --measured-by "$3"
+  "$PY" -m kvbench plan --results-dir "$1" --model smollm2-135m --hardware cpu --spec-version 1.2 --design "$2" \
+    > "$1/plan.txt"
+  shot "$1"
+}
 seal results
 "$PY" -m kvbench leaderboard --strict --results-dir results --out-dir results --model smollm2-135m --hardware cpu \
   --spec-version 1.2 --plots \
@@ -44,12 +52,8 @@ seal results
 shot results
 if [[ -d results/headline/store ]]; then
   # Judged by the sweep file's pre-registered looks (spec v1.2 §2.5): every figure is the last complete look's.
-  seal results/headline
-  "$PY" -m kvbench leaderboard --strict --results-dir results/headline --out-dir results/headline --model smollm2-135m \
-    --hardware cpu --spec-version 1.2 --design headline --plots --measured-by "${HEADLINE_CMD:-scripts/reproduce_headline.sh --per-round 48 (rounds of kvbench sweep headline; finished questions are reused)}"
-  "$PY" -m kvbench plan --results-dir results/headline --model smollm2-135m --hardware cpu --spec-version 1.2 \
-    --design headline > results/headline/plan.txt
-  shot results/headline
+  designed results/headline headline \
+    "${HEADLINE_CMD:-scripts/reproduce_headline.sh --per-round 48 (rounds of kvbench sweep headline; finished questions are reused)}"
 fi
 if [[ -d results/long8k/store ]]; then
   # int8 vs full at 8,000 tokens (conf/sweep/long8k.yaml): whatever rounds finished, with their intervals.
@@ -60,10 +64,6 @@ fi
 if [[ -d results/confirm/store ]]; then
   # The confirmatory study (conf/design/confirm.yaml, registered before the store's first record): judged only at
   # the design's looks; until the first look is complete the page says so and judges nothing.
-  seal results/confirm
-  "$PY" -m kvbench leaderboard --strict --results-dir results/confirm --out-dir results/confirm --model smollm2-135m \
-    --hardware cpu --spec-version 1.2 --design confirm --plots --measured-by "${CONFIRM_CMD:-kvbench sweep confirm (rounds of 16 questions per job; finished questions are reused)}"
-  "$PY" -m kvbench plan --results-dir results/confirm --model smollm2-135m --hardware cpu --spec-version 1.2 \
-    --design confirm > results/confirm/plan.txt
-  shot results/confirm
+  designed results/confirm confirm \
+    "${CONFIRM_CMD:-kvbench sweep confirm (rounds of 16 questions per job; finished questions are reused)}"
 fi

@@ -52,14 +52,20 @@ def test_a_claim_from_another_host_is_held_while_fresh_and_taken_over_once_stale
     assert len(err) == 1 and f"host {ELSEWHERE!r}" in err[0] and "not refreshed for 11 min" in err[0], err
 
 
-def test_a_worker_file_from_another_host_expires_and_stops_marking_timings(tmp_path, capsys):
-    rival = _foreign(tmp_path / ".workers" / "rival.json", age=claims_mod.OWNER_EXPIRY_SECONDS + 60)
+def _one_record_as_a_worker(tmp_path):
+    """The record a worker writes for s0, with whatever worker files lie in the store."""
     store = RunStore(tmp_path, "run")
     with ActiveWorker(tmp_path) as worker:
         claims = SampleClaims(store, {"full"}, worker)
         assert "s0" not in claims
         claims.write([{"config_hash": "h", "sample_id": "s0", "strategy": "full", "score": 1.0}])
     (rec,) = store.load_records()
+    return rec
+
+
+def test_a_worker_file_from_another_host_expires_and_stops_marking_timings(tmp_path, capsys):
+    rival = _foreign(tmp_path / ".workers" / "rival.json", age=claims_mod.OWNER_EXPIRY_SECONDS + 60)
+    rec = _one_record_as_a_worker(tmp_path)
     assert rec["timing_contended"] is False and not rival.exists()  # today: true for every later record
     assert f"host {ELSEWHERE!r}" in capsys.readouterr().err
 
@@ -68,12 +74,7 @@ def test_a_worker_file_of_a_dead_pid_here_is_removed_and_marks_nothing(tmp_path)
     dead = tmp_path / ".workers" / "dead.json"
     dead.parent.mkdir()
     dead.write_text(json.dumps({"host": socket.gethostname(), "pid": 2 ** 22 + 12345, "started": 0}))
-    store = RunStore(tmp_path, "run")
-    with ActiveWorker(tmp_path) as worker:
-        claims = SampleClaims(store, {"full"}, worker)
-        assert "s0" not in claims
-        claims.write([{"config_hash": "h", "sample_id": "s0", "strategy": "full", "score": 1.0}])
-    (rec,) = store.load_records()
+    rec = _one_record_as_a_worker(tmp_path)
     assert rec["timing_contended"] is False and not dead.exists()
 
 

@@ -54,15 +54,21 @@ def _dead_pid() -> int:
 # ------------------------------------------------------------------------------------------------ the lock
 
 
-@pytest.mark.parametrize("owner", ["dead", "old-other-host", "empty"])
-def test_stale_lock_is_taken_over(tmp_path, cache, caplog, owner):
-    """A lock left by a killed build (its pid gone, or another host's, too old to be alive) is taken over with
-    one line, not waited on for ever."""
+def _lock_of_a_fresh_build(tmp_path, cache):
+    """A builder, a kernel name and source nobody has built, and where that build's lock goes (its folder made)."""
     b, name = Builder(), _name(tmp_path)
     src = _source(tmp_path / "a")
     home = _home(cache, name, src)
     home.mkdir(parents=True)
-    lock = home / "lock"
+    return b, name, src, home / "lock"
+
+
+@pytest.mark.parametrize("owner", ["dead", "old-other-host", "empty"])
+def test_stale_lock_is_taken_over(tmp_path, cache, caplog, owner):
+    """A lock left by a killed build (its pid gone, or another host's, too old to be alive) is taken over with
+    one line, not waited on for ever."""
+    b, name, src, lock = _lock_of_a_fresh_build(tmp_path, cache)
+    home = lock.parent
     if owner == "dead":
         lock.write_text(f"{_dead_pid()} {socket.gethostname()} {time.time():.0f}\n")
     elif owner == "old-other-host":
@@ -93,11 +99,7 @@ def test_live_lock_elsewhere_is_not_stale(tmp_path):
 def test_a_lock_that_is_no_lock_file_is_taken_over(tmp_path, cache, caplog, kind):
     """A FIFO in the lock's place hung its reader; a directory could never be removed as a file, so the waiter
     looped for ever; a link is followed to whatever it names. Each is taken over, in one line."""
-    b, name = Builder(), _name(tmp_path)
-    src = _source(tmp_path / "a")
-    home = _home(cache, name, src)
-    home.mkdir(parents=True)
-    lock = home / "lock"
+    b, name, src, lock = _lock_of_a_fresh_build(tmp_path, cache)
     if kind == "fifo":
         os.mkfifo(lock)
     elif kind == "directory":

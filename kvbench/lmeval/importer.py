@@ -15,6 +15,7 @@ from typing import Any
 
 from kvbench import SPEC_VERSION
 from kvbench.errors import KVBenchError
+from kvbench.fmt import as_float
 from kvbench.record import MEASURED_FIELDS
 
 #: Engine-record fields that lm-eval does not measure (from the one record schema); imported records carry them
@@ -32,14 +33,6 @@ def _metric_keys(task_results: dict[str, Any]) -> list[tuple[str, str]]:
         if not metric.endswith("_stderr"):
             keys.append((metric, flt))
     return keys
-
-
-def _number(value: Any) -> float:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return math.nan
-    return out
 
 
 def _model_args(config: dict[str, Any]) -> dict[str, Any]:
@@ -140,7 +133,7 @@ def lmeval_records(results_path: str | Path, per_sample: bool = True) -> list[di
         listed = [e.get("metric") for e in task_cfg.get("metric_list") or [] if isinstance(e, dict)]
         keys.sort(key=lambda mf: listed.index(mf[0]) if mf[0] in listed else len(listed))
         metric, flt = keys[0]
-        all_metrics = {f"{m},{f}": _number(res.get(f"{m},{f}")) for m, f in keys}
+        all_metrics = {f"{m},{f}": as_float(res.get(f"{m},{f}")) for m, f in keys}
         config_hash = stable_hash({
             "source": "lm-eval", "backend": backend, "model_args": margs, "strategy": strategy,
             "task": task, "task_config": task_cfg, "version": data.get("versions", {}).get(task),
@@ -176,8 +169,8 @@ def lmeval_records(results_path: str | Path, per_sample: bool = True) -> list[di
             records.extend({**base, "sample_id": sid, "score": value, "score_stderr": math.nan}
                            for sid, value in docs)
         else:
-            records.append({**base, "sample_id": "aggregate", "score": _number(res.get(f"{metric},{flt}")),
-                            "score_stderr": _number(res.get(f"{metric}_stderr,{flt}"))})
+            records.append({**base, "sample_id": "aggregate", "score": as_float(res.get(f"{metric},{flt}")),
+                            "score_stderr": as_float(res.get(f"{metric}_stderr,{flt}"))})
     if not records:
         raise KVBenchError(f"{path} holds no task results to import")
     return records
