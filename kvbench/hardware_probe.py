@@ -75,6 +75,23 @@ def measure_matmul_flops(n: int, dtype: str, repeats: int = 5, device: str = "cp
     return 2.0 * n**3 / seconds
 
 
+def measure_linear_flops(rows: int, in_features: int, out_features: int, dtype: str, repeats: int = 20,
+                         device: str = "cpu") -> float:
+    """FLOP/s of ``torch.nn.functional.linear`` at one layer's shape: ``rows`` inputs of ``in_features`` times an
+    ``[out_features, in_features]`` weight (2 · rows · in · out FLOPs), median of ``repeats``. A decode step's
+    products have one row per sequence, and their attainable rate is not the square matmul's (a skinny product
+    is dispatched to other kernels; without native bf16 instructions a bf16 one runs far below float32's)."""
+    import torch
+    import torch.nn.functional as F
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(rows, in_features, generator=gen).to(device=device, dtype=getattr(torch, dtype))
+    w = torch.randn(out_features, in_features, generator=gen).to(device=device, dtype=getattr(torch, dtype))
+    sync = torch.cuda.synchronize if device.startswith("cuda") else None
+    seconds = _median_seconds(lambda: F.linear(x, w), repeats, sync)
+    return 2.0 * rows * in_features * out_features / seconds
+
+
 def measure_host_link(nbytes: int, repeats: int = 5) -> dict[str, float]:
     """Pinned host<->CUDA copy bandwidth in GB/s, each direction (one-way traffic, N bytes per copy)."""
     import torch

@@ -36,8 +36,10 @@ forward — for random-weight models, where only memory and speed mean anything)
    the allocator's (``torch.cuda.set_per_process_memory_fraction``), so crossing it raises out-of-memory,
    and the row is ``stopped``.
 
-Also recorded, for the roofline (``scripts/bench_throughput.py``): the copy bandwidth and float32 matmul FLOP/s
-measured at the start, and per step the weight bytes read, the KV bytes read and the FLOPs.
+Also recorded, for the roofline (``scripts/bench_throughput.py``, ``scripts/bench_advise.py``): the copy bandwidth
+and the matmul FLOP/s measured at the start, in the dtype the model's linear layers compute in (``flops_dtype``),
+the FLOP/s of one decode step's MLP product at each row's batch (``decode_flops_per_s``), and per step the
+weight bytes read, the KV bytes read and the FLOPs.
 
 Results go to ``out`` (CSV, one row per strategy, budget, context and round), rewritten after every context
 and budget so an interrupted run keeps what finished.
@@ -322,8 +324,12 @@ class Bench:
         self.weights = weight_bytes(self.lm.model)
         self.dtype = self.lm.model.dtype
         self.bandwidth = measure_copy_bandwidth(256 * 2**20, device=self.device) * 1e9
-        flops_dtype = "float32" if self.device == "cpu" else dtype
-        self.flops = measure_matmul_flops(1024, flops_dtype, device=self.device)
+        # The rate of the products the model's linear layers compute, in the dtype they compute in: float32 where
+        # engine.linear holds float32 copies, else the model's own (a bf16 GEMM on a CPU without bf16 instructions
+        # runs tens of times below float32's, so a float32 figure would put the roofline far above the run).
+        self.flops_dtype = "float32" if self.engine.linear == "float32" else str(self.dtype).removeprefix("torch.")
+        self.flops = measure_matmul_flops(1024, self.flops_dtype, device=self.device)
+        self._decode_flops: dict[int, float] = {}
         self.vocab = int(self.lm.config.vocab_size)
         # The process as loaded, before any cache: weights as held plus the harness's own overhead, measured once
         # the probes above and one measured decode step of a short cache (the profiler and dispatch modes the
@@ -339,6 +345,19 @@ class Bench:
         release_freed_memory()
         self.baseline = process_bytes(self.device)
         self.overhead = max(0, self.baseline - self.weights)
+
+    def decode_flops(self, rows: int) -> float:
+        """FLOP/s of one decode step's MLP product at ``rows`` sequences, in the dtype it computes in (a product of
+        fewer than :data:`kvbench.linear.MIN_ROWS` rows stays native), measured once per batch size."""
+        from kvbench.hardware_probe import measure_linear_flops
+        from kvbench.linear import MIN_ROWS
+
+        if rows not in self._decode_flops:
+            dtype = self.flops_dtype if rows >= MIN_ROWS else str(self.dtype).removeprefix("torch.")
+            hidden = int(self.lm.config.hidden_size)
+            inner = int(getattr(self.lm.config, "intermediate_size", None) or 4 * hidden)  # the usual MLP width
+            self._decode_flops[rows] = measure_linear_flops(rows, hidden, inner, dtype, device=self.device)
+        return self._decode_flops[rows]
 
     # ---------------------------------------------------------------------------------------------------
     def build(self, strategies: list[Any], context: int) -> tuple[list[Built], float]:
@@ -549,7 +568,8 @@ def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
                for b in _budget_list(cfg)]
     print(f"kvbench throughput: {bench.lm.name} ({bench.dtype}), weights as held {bench.weights / 1e9:.3f} GB, "
           f"process as loaded {bench.baseline / 1e9:.3f} GB (harness overhead {bench.overhead / 1e9:.3f} GB); "
-          f"copy bandwidth {bench.bandwidth / 1e9:.1f} GB/s, matmul {bench.flops / 1e9:.1f} GFLOP/s", flush=True)
+          f"copy bandwidth {bench.bandwidth / 1e9:.1f} GB/s, {bench.flops_dtype} matmul {bench.flops / 1e9:.1f} "
+          "GFLOP/s", flush=True)
     rows: list[dict[str, Any]] = []
     common = {"command": command, "commit": _commit(), "model": bench.lm.name,
               "dtype": str(bench.dtype).replace("torch.", ""),
@@ -557,7 +577,8 @@ def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
               "hardware": hw.name, "prefill": str(cfg.prefill), "steps": int(cfg.steps),
               "weights_bytes": bench.weights, "baseline_bytes": bench.baseline, "overhead_bytes": bench.overhead,
               "tolerance": TOLERANCE, "bandwidth_bytes_per_s": bench.bandwidth,
-              "flops_per_s": bench.flops, "threads": torch.get_num_threads(), "linear": bench.engine.linear,
+              "flops_per_s": bench.flops, "flops_dtype": bench.flops_dtype, "threads": torch.get_num_threads(),
+              "linear": bench.engine.linear,
               "attention": bench.engine.attention, "working_copy": bool(cfg.working_copy)}
     for context in map(int, cfg.contexts):
         limit = bench.lm.max_context
@@ -606,6 +627,7 @@ def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
                         if "stop_line" in d:
                             print("  " + d.pop("stop_line"), flush=True)
                         row.update(d)
+                        row["decode_flops_per_s"] = bench.decode_flops(n)
                         if d["steps_done"]:
                             row.update(roofline_fields(bench, n, d["kv_read_bytes_per_seq"],
                                                        d["held_tokens_per_seq"]))
@@ -619,6 +641,13 @@ def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
             write_csv(rows, out)
         del built
     return rows
+
+
+def step_flops_rate(row: Any) -> float:
+    """The FLOP/s a decode step's products reach, from one row of this command's CSV: measured at the row's batch
+    in the dtype they compute in (``decode_flops_per_s``), else the square matmul's (CSVs written before it)."""
+    rate = row.get("decode_flops_per_s", math.nan)
+    return float(rate) if rate == rate and rate else float(row["flops_per_s"])
 
 
 def _cuda_budget(device: str, budget: int) -> None:

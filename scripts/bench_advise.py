@@ -31,18 +31,28 @@ ROOT = Path(__file__).resolve().parents[1]
 PERF = ROOT / "results" / "perf"
 sys.path.insert(0, str(ROOT))
 
-DEFAULTS = {"model": "smollm2-135m", "hardware": "cpu", "strategies": "int8,int4,snapkv", "contexts": "512,1024",
-            "budget": "weights+0.05GB", "task": "legal", "steps": 2, "repeats": 1}
+DEFAULTS = {"model": "smollm2-135m", "hardware": "cpu", "strategies": "int8,int4,snapkv",
+            "contexts": "256,512,1024", "budget": "process+0.05GB", "linear": "auto", "task": "legal", "steps": 4,
+            "repeats": 1}
 
 
 def measure(args: argparse.Namespace, csv: Path) -> str:
-    overrides = [f"model={args.model}", f"hardware={args.hardware}", "prefill=shared", "linear=native",
+    overrides = [f"model={args.model}", f"hardware={args.hardware}", "prefill=shared", f"linear={args.linear}",
                  f"strategies=[{args.strategies}]", f"contexts=[{args.contexts}]", f"budget={args.budget}",
                  f"steps={args.steps}", f"repeats={args.repeats}", f"out={csv}"]
     cmd = [sys.executable, "-m", "kvbench", "throughput", *overrides]
     print("+ " + " ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
     return "kvbench throughput " + " ".join(overrides)
+
+
+def device_memory(row: pd.Series, arch) -> int:
+    """The memory ``kvbench advise`` is given for a measured row: the run's budget, less what the process held
+    beyond the weights' 2 bytes per parameter before any cache (the harness's measured overhead, float32 copies of
+    the weights included) when the budget is the whole process's (``overhead_bytes``, from ``process+`` budgets)."""
+    held = row.get("baseline_bytes", float("nan"))
+    extra = float(held) - 2 * arch.params if held == held else 0.0
+    return int(row["budget_bytes"] - max(extra, 0.0))
 
 
 def _err(pred: float, meas: float) -> float:
@@ -53,6 +63,7 @@ def compare(df: pd.DataFrame, task: str, results_root: Path) -> pd.DataFrame:
     """One row per (strategy, context, budget): predicted and measured fits, tokens/s and prefill seconds."""
     from kvbench import advise, calc
     from kvbench.hardware import load_profile
+    from kvbench.throughput import step_flops_rate
 
     first = df.iloc[0]
     arch = calc.resolve_model(str(first["model"]).removesuffix("-random"))
@@ -66,15 +77,19 @@ def compare(df: pd.DataFrame, task: str, results_root: Path) -> pd.DataFrame:
         if m is None:
             continue
         budget_bytes = int(row["budget_bytes"])
-        probed = replace(profile, device_mem_bw_gbps=float(row["bandwidth_bytes_per_s"]) / 1e9,
-                         peak_flops=float(row["flops_per_s"]))
+        memory = device_memory(row, arch)
+        bandwidth = float(row["bandwidth_bytes_per_s"]) / 1e9
+        probed = replace(profile, device_mem_bw_gbps=bandwidth, peak_flops=float(row["flops_per_s"]))
+        # A decode step's products at the measured batch, at the rate measured for that shape in the same run.
+        probed_step = replace(probed, peak_flops=step_flops_rate(row))
         res = {"strategy": name, "context": int(context), "budget_gb": budget_bytes / 1e9}
-        for tag, hw in (("profile", profile), ("probed", probed)):
-            d = advise.Deployment(arch=arch, hardware=replace(hw, memory_bytes=budget_bytes), context=int(context),
+        for tag, hw, step_hw in (("profile", profile, profile), ("probed", probed, probed_step)):
+            d = advise.Deployment(arch=arch, hardware=replace(hw, memory_bytes=memory), context=int(context),
                                   task=task, reserve=0.0)
             r = advise.project(d, m)
             batch = int(row["batch"])
-            step, bound = advise.decode_step(d, r.bytes_per_element, m.kept_fraction, max(batch, 1))
+            step, bound = advise.decode_step(replace(d, hardware=replace(step_hw, memory_bytes=memory)),
+                                             r.bytes_per_element, m.kept_fraction, max(batch, 1))
             res[f"{tag}_tps"] = batch / step if batch else float("nan")
             res[f"{tag}_bound"] = bound
             res[f"{tag}_prefill_s"] = advise.prefill(d)[0]
@@ -92,6 +107,20 @@ def compare(df: pd.DataFrame, task: str, results_root: Path) -> pd.DataFrame:
             res[f"{tag}_prefill_err"] = _err(res[f"{tag}_prefill_s"], res["prefill_s"])
         out.append(res)
     return pd.DataFrame(out)
+
+
+def _decode_rates(raw: pd.DataFrame) -> str:
+    """The decode products' FLOP/s per batch measured in the run (absent from CSVs written before them)."""
+    if "decode_flops_per_s" not in raw or raw["decode_flops_per_s"].isna().all():
+        return ""
+    rates = raw.dropna(subset=["decode_flops_per_s"]).groupby("batch")["decode_flops_per_s"].median()
+    return "; a decode step's MLP product " + ", ".join(f"{v / 1e9:.1f} GFLOP/s at {int(b)} rows"
+                                                         for b, v in rates.items())
+
+
+def _held(r0: pd.Series) -> str:
+    held = r0.get("baseline_bytes", float("nan"))
+    return "" if held != held else f"; process as loaded (before any cache) {held / 1e9:.3f} GB"
 
 
 def _pct(x: float) -> str:
@@ -113,16 +142,17 @@ def render(res: pd.DataFrame, raws: list[pd.DataFrame], out: Path) -> str:
         lines += [f"Measured: `{r0.get('command', '')}` (commit {r0.get('commit', '')}); {r0['model']} in "
                   f"{r0['dtype']} on {r0['device']}, {int(r0['threads'])} threads, engine.linear={r0['linear']}; "
                   f"copy bandwidth "
-                  f"{r0['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s and float32 matmul {r0['flops_per_s'] / 1e9:.1f} "
-                  f"GFLOP/s measured at its start; load average (1 min) {raw['load_1m'].min():.1f}–"
-                  f"{raw['load_1m'].max():.1f} while it ran.", ""]
+                  f"{r0['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s and {r0.get('flops_dtype', 'float32')} matmul "
+                  f"{r0['flops_per_s'] / 1e9:.1f} GFLOP/s measured at its start{_decode_rates(raw)}{_held(r0)}; "
+                  f"load average (1 min) {raw['load_1m'].min():.1f}–{raw['load_1m'].max():.1f} while it ran.", ""]
     lines += [
-        "Predicted by `kvbench.advise` for the same model, context and memory (the budget as the device's memory, "
-        "reserve 0, weights at 2 B/param as engine.linear=native holds them), from the committed store's bytes per "
-        "token (`results/**/leaderboard.csv`, query-agnostic). Speed predictions are at the batch the measurement ran "
-        f"(so the speed model is judged apart from `fits`): over the `{first['hardware']}` profile's figures "
-        "(\"profile\") and over the copy bandwidth and float32 matmul FLOP/s measured at the start of the same "
-        "run (\"probed\"). "
+        "Predicted by `kvbench.advise` for the same model, context and memory (the budget as the device's memory "
+        "less what the process held beyond 2-byte weights before any cache, reserve 0), from the committed store's "
+        "bytes per token (`results/**/leaderboard.csv`, query-agnostic). Speed predictions are at the batch the "
+        f"measurement ran (so the speed model is judged apart from `fits`): over the `{first['hardware']}` profile's "
+        "figures (\"profile\") and over the figures measured in the same run (\"probed\": the copy bandwidth; "
+        "for a decode step the FLOP/s of its MLP product at that batch, for the prefill the square matmul's, each in "
+        "the dtype the linear layers compute in). "
         "Error = |predicted − measured| / measured.", "",
         "| strategy | context | budget GB | KV MB/seq predicted | KV MB/seq stored | working set MB/seq | "
         "fits predicted | fits measured | fits error | tokens/s measured | "

@@ -13,7 +13,8 @@ and writes ``results/perf/throughput.md`` and ``throughput.png`` (decode tokens/
 strategy, one panel per model and context). Per row, the roofline: one decode step of the batch reads the linear
 weights (as the engine runs them) and every sequence's KV (the bytes attention reads), and computes 2 FLOPs per
 weight per sequence plus the attention's products; its time is the larger of bytes over the copy bandwidth and
-FLOPs over the float32 matmul FLOP/s, both measured at the start of the run. The same bytes and FLOPs over the
+FLOPs over the FLOP/s of the step's MLP product at that batch, in the dtype the linear layers compute in, both
+measured in the same run (``kvbench.throughput``). The same bytes and FLOPs over the
 ``server-gpu-80g`` profile's datasheet figures are what the table predicts for a GPU.
 """
 
@@ -79,6 +80,7 @@ def budget_status(df: pd.DataFrame) -> pd.Series:
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     from kvbench.hardware import load_profile, profile_roofline, roofline_seconds
+    from kvbench.throughput import step_flops_rate
 
     gpu = load_profile(GPU_PROFILE)
     df = df.assign(probe=df["probe"].fillna(False).astype(bool) if "probe" in df else False,
@@ -108,11 +110,11 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
                             "ttft_s": s["ttft_s"].median()})
                 # The roofline of kvbench.hardware, the one `kvbench advise` predicts with.
                 weights_kv = first["weight_read_bytes"] + first["kv_read_bytes"]
-                seconds, bound = roofline_seconds(weights_kv, first["flops"], first["bandwidth_bytes_per_s"],
-                                                  first["flops_per_s"])
+                rate = step_flops_rate(first)
+                seconds, bound = roofline_seconds(weights_kv, first["flops"], first["bandwidth_bytes_per_s"], rate)
                 row.update({"roof_tps": row["batch"] / seconds, "bound": bound,
                             "roof_mem_s": weights_kv / first["bandwidth_bytes_per_s"],
-                            "roof_comp_s": first["flops"] / first["flops_per_s"]})
+                            "roof_comp_s": first["flops"] / rate})
                 gpu_s, _ = profile_roofline(gpu, first["weight_native_read_bytes"] + first["kv_read_bytes"],
                                             first["flops"])
                 row["gpu_tps"] = row["batch"] / gpu_s
@@ -167,7 +169,7 @@ def render(frames: dict[str, pd.DataFrame], out: Path) -> None:
                   f"{first['model']} in {first['dtype']} on {first['device']}, {int(first['threads'])} threads, "
                   f"engine.linear={first['linear']}, attention={first['attention']}; weights as held "
                   f"{first['weights_bytes'] / 1e9:.3f} GB{_loaded(first)}; measured at the start: copy bandwidth "
-                  f"{first['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, float32 matmul "
+                  f"{first['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, {first.get('flops_dtype', 'float32')} matmul "
                   f"{first['flops_per_s'] / 1e9:.1f} GFLOP/s.", ""]
     loads = [f"`{n}` {df['load_1m'].min():.1f}–{df['load_1m'].max():.1f}" for n, df in frames.items()
              if "load_1m" in df and df["load_1m"].notna().any()]

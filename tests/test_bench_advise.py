@@ -46,17 +46,21 @@ def test_predictions_are_calc_and_the_roofline_over_the_run_budget(bench, raw, m
         m = measured[r["strategy"]]
         row = raw[(raw["strategy"] == r["strategy"]) & (raw["context"] == r["context"])].iloc[0]
         bpe = m.bytes_per_element()
-        # fits: the whole budget (reserve 0) less 2-byte weights, over the projected KV of one sequence.
+        # fits: the whole budget (reserve 0) less 2-byte weights and, for a process budget, less what the process
+        # held beyond them before any cache, over the projected KV of one sequence.
         kv = 2 * 30 * 3 * 64 * r["context"] * bpe
-        assert r["pred_fits"] == math.floor((row["budget_bytes"] - 2 * arch.params) / kv)
+        extra = max(row["baseline_bytes"] - 2 * arch.params, 0) if "baseline_bytes" in row else 0
+        assert r["pred_fits"] == math.floor((row["budget_bytes"] - extra - 2 * arch.params) / kv)
         assert r["fits_err"] == pytest.approx(abs(r["pred_fits"] - r["fits"]) / r["fits"])
-        # probed tokens/s: the measured batch's step over the run's own copy bandwidth and matmul FLOP/s.
+        # probed tokens/s: the measured batch's step over the run's own copy bandwidth and the FLOP/s of a decode
+        # product at that batch (the square matmul's in CSVs written before it was measured).
         b = int(row["batch"])
+        rate = row["decode_flops_per_s"] if row.get("decode_flops_per_s", 0) > 0 else row["flops_per_s"]
         nbytes = 2 * arch.params + b * kv
         flops = b * (2 * arch.params + attention_flops(64, m.kept_fraction * r["context"] * 30, 9))
-        step = max(nbytes / row["bandwidth_bytes_per_s"], flops / row["flops_per_s"])
+        step = max(nbytes / row["bandwidth_bytes_per_s"], flops / rate)
         assert r["probed_tps"] == pytest.approx(b / step)
-        assert r["probed_bound"] == ("memory" if nbytes / row["bandwidth_bytes_per_s"] >= flops / row["flops_per_s"]
+        assert r["probed_bound"] == ("memory" if nbytes / row["bandwidth_bytes_per_s"] >= flops / rate
                                      else "compute")
         assert r["probed_tps_err"] == pytest.approx(abs(r["probed_tps"] - r["tps"]) / r["tps"])
 

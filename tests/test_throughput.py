@@ -127,6 +127,11 @@ def test_run_writes_one_row_per_strategy_budget_context_and_round(tmp_path, caps
     assert (fitted["budget_status"] == "fits").all()
     assert (fitted["peak_rss_bytes"] <= fitted["budget_bytes"] * (1 + throughput.TOLERANCE)).all()
     assert (fitted["tokens_per_s"] > 0).all() and (fitted["kv_read_bytes"] > 0).all()
+    # The roofline's compute rate: a decode step's product measured at each served batch (one figure per batch).
+    assert (fitted["decode_flops_per_s"] > 0).all()
+    assert fitted.groupby("batch")["decode_flops_per_s"].nunique().max() == 1
+    assert throughput.step_flops_rate(fitted.iloc[0]) == fitted.iloc[0]["decode_flops_per_s"]
+    assert throughput.step_flops_rate(fitted.iloc[0].drop("decode_flops_per_s")) == first["flops_per_s"]
     batch = fitted.groupby("strategy")["batch"].first()
     assert batch["int8"] > batch["full"] >= 1
     probe = df[df["probe"]]
@@ -188,3 +193,19 @@ def test_synthetic_templates_are_not_held_while_a_batch_decodes(tmp_path):
     assert throughput.Bench.held(built) == 0
     _, caches, _, _ = b.batch(built[0], 1)
     assert caches[0].kv_bytes() >= before[0] and built[0].cache is None
+
+
+@pytest.mark.parametrize("linear, expected", [("native", "bfloat16"), ("float32", "float32")])
+def test_the_matmul_rate_is_measured_in_the_dtype_the_linear_layers_compute_in(linear, expected):
+    """A bf16 model whose linear layers run natively is timed in bf16 (on a CPU without bf16 instructions its GEMMs
+    run tens of times below float32's, so a float32 figure put the roofline far above the run); with float32
+    copies, in float32. A one-row decode product stays native either way (kvbench.linear.MIN_ROWS)."""
+    from kvbench.hardware import HardwareProfile
+    from kvbench.linear import MIN_ROWS
+
+    cfg = throughput.compose(["model=tiny-llama", "strategies=[int8]", "contexts=[64]", "dtype=bfloat16",
+                              f"linear={linear}"])
+    b = throughput.Bench(cfg, HardwareProfile.from_config(cfg.hardware))
+    assert b.dtype == torch.bfloat16 and b.engine.linear == linear and b.flops_dtype == expected
+    assert b.flops > 0 and b.decode_flops(MIN_ROWS) > 0 and b.decode_flops(1) > 0
+    assert b.decode_flops(MIN_ROWS) is b.decode_flops(MIN_ROWS)  # measured once per batch size
