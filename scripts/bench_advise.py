@@ -31,6 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PERF = ROOT / "results" / "perf"
 sys.path.insert(0, str(ROOT))
 
+from kvbench.hardware import load_profile  # noqa: E402
+from kvbench.throughput import step_flops_rate  # noqa: E402
+
 DEFAULTS = {"model": "smollm2-135m", "hardware": "cpu", "strategies": "int8,int4,snapkv",
             "contexts": "256,512,1024", "budget": "process+0.05GB", "linear": "auto", "task": "legal", "steps": 4,
             "repeats": 1}
@@ -62,8 +65,6 @@ def _err(pred: float, meas: float) -> float:
 def compare(df: pd.DataFrame, task: str, results_root: Path) -> pd.DataFrame:
     """One row per (strategy, context, budget): predicted and measured fits, tokens/s and prefill seconds."""
     from kvbench import advise, calc
-    from kvbench.hardware import load_profile
-    from kvbench.throughput import step_flops_rate
 
     first = df.iloc[0]
     arch = calc.resolve_model(str(first["model"]).removesuffix("-random"))
@@ -171,13 +172,13 @@ def render(res: pd.DataFrame, raws: list[pd.DataFrame], out: Path) -> str:
               f"{_pct(med['profile_tps_err'])} over the profile, {_pct(med['probed_tps_err'])} over the same-run "
               f"figures; prefill {_pct(med['profile_prefill_err'])} over the profile, "
               f"{_pct(med['probed_prefill_err'])} over the same-run figures.", ""]
-    lines += cause_lines(res, med)
+    lines += cause_lines(res, med, raws)
     text = "\n".join(lines) + "\n"
     out.write_text(text)
     return text
 
 
-def cause_lines(res: pd.DataFrame, med: dict[str, float]) -> list[str]:
+def cause_lines(res: pd.DataFrame, med: dict[str, float], raws: list[pd.DataFrame]) -> list[str]:
     """What the errors above 25% come from, stated from the figures (a reader checks them against the table)."""
     lines = []
     if med["fits_err"] <= 0.25:
@@ -197,19 +198,30 @@ def cause_lines(res: pd.DataFrame, med: dict[str, float]) -> list[str]:
     over = (res["probed_tps"] > res["tps"]).mean()
     if med["probed_tps_err"] > 0.25:
         lines.append(f"Decode tokens/s misses by a median {_pct(med['probed_tps_err'])} even over the same-run "
-                     f"figures, the roofline above the measurement in {over:.0%} of cells: a roofline counts only "
-                     "bytes moved and FLOPs, and on this CPU a decode step of a 30-layer 135M model is bound by "
-                     "neither — per-layer operator dispatch and the fused reader's instructions "
-                     "(`results/perf/reader.md`) take most of each step, so the bound is far from reached. On a GPU, "
-                     "where a step is bound by the bytes it reads, the roofline is the usual estimate; on this CPU "
-                     "the predicted tokens/s is an upper bound, and the ratios between strategies (which is what "
-                     "ranks them) are the usable part. The measurement also ran on a machine shared with other "
-                     "jobs (the load averages above, on 2 cores), so its tokens/s got a fraction of the cores the "
-                     "same-run bandwidth and FLOP/s figures describe.")
+                     f"figures, the roofline above the measurement in {over:.0%} of cells: a roofline counts the "
+                     "bytes moved and the FLOPs at the rates measured for them, not per-layer operator dispatch, the "
+                     "fused reader's own instructions (`results/perf/reader.md`), or the time other jobs took from "
+                     "the cores while the step ran (the load averages above).")
+    if max(med["profile_tps_err"], med["profile_prefill_err"]) > 0.25:
+        first = raws[-1].iloc[0]
+        hw = load_profile(str(first["hardware"]))
+        rates = raws[-1].get("decode_flops_per_s", pd.Series(dtype=float)).dropna()
+        decode = (f"{rates.min() / 1e9:.1f}–{rates.max() / 1e9:.1f} GFLOP/s at the decode batches and "
+                  if len(rates) else "")
+        where = "; ".join(hw.sources) or "no source recorded"
+        lines.append(f"Over the `{hw.name}` profile's figures decode misses by a median "
+                     f"{_pct(med['profile_tps_err'])} and prefill by {_pct(med['profile_prefill_err'])}: the profile's "
+                     f"{hw.peak_flops / 1e9:,.0f} GFLOP/s ({hw.dtype}) and {hw.device_mem_bw_gbps:g} GB/s describe the "
+                     f"machine it was probed on ({where}), while here the products the model computes reached "
+                     f"{decode}{first['flops_per_s'] / 1e9:.1f} GFLOP/s as a square "
+                     f"{first.get('flops_dtype', 'float32')} matmul (the same-run columns). A profile describes one "
+                     "machine: `kvbench hardware probe` writes this one's, and `kvbench advise hardware=<it>` "
+                     "predicts from it.")
     if med["probed_prefill_err"] > 0.25:
         lines.append(f"Prefill misses by a median {_pct(med['probed_prefill_err'])} over the same-run figures: "
-                     "the prefill's matmuls run below the 1024×1024 float32 matmul rate measured at the start "
-                     "(bf16 weights with engine.linear=native, attention's softmax and per-layer overheads).")
+                     "a prefill's products (a few hundred rows each) run below the square matmul measured at the "
+                     "start, and the prefill also computes attention and captures every layer's keys and values "
+                     "for the strategies to compress (`prefill=shared`), which the roofline does not count.")
     return lines
 
 
