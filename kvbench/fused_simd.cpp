@@ -204,7 +204,8 @@ inline void unpack_row(const uint8_t* x, int64_t bytes, __m256i* V) {
     for (; o + 32 <= bytes; o += 32) {
       const __m256i r = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + o));
       const __m256i f0 = _mm256_and_si256(r, m), f1 = _mm256_and_si256(_mm256_srli_epi16(r, 2), m);
-      const __m256i f2 = _mm256_and_si256(_mm256_srli_epi16(r, 4), m), f3 = _mm256_and_si256(_mm256_srli_epi16(r, 6), m);
+      const __m256i f2 = _mm256_and_si256(_mm256_srli_epi16(r, 4), m);
+      const __m256i f3 = _mm256_and_si256(_mm256_srli_epi16(r, 6), m);
       const __m256i a = _mm256_unpacklo_epi8(f0, f1), b = _mm256_unpacklo_epi8(f2, f3);
       const __m256i c = _mm256_unpackhi_epi8(f0, f1), e = _mm256_unpackhi_epi8(f2, f3);
       *V++ = _mm256_unpacklo_epi16(a, b);
@@ -665,7 +666,7 @@ struct Task {
 
   // acc[m] += sum_t s[m][t] * value_t over packed values with a scale and zero point per token and channel group:
   // per query row and channel group, the weights p_t s_tg rounded to 7-bit integers of the block's largest
-  // (vpmaddubsw's signed operand against the unsigned codes, interleaved by 4 tokens once for every row), the
+  // (vpmaddubsw's unsigned operand; the codes, interleaved by 4 tokens once for every row, its signed one), the
   // step folded back per group; sum_t p_t z_tg added in float.
   void values_packed(const Part& p, int64_t j0, int n) {
     layout(p.bits);
@@ -709,25 +710,30 @@ struct Task {
             _mm256_packs_epi32(wi[0], wi[1]), _mm256_packs_epi32(wi[2], wi[3])), order));
       }
       float* am = acc + m * D;
+      __m256i wv[kB / 4];  // the weights of each token quad for a vector's two channel groups (low, high 128 bits)
+      int64_t wlo = -1, whi = -1;
       for (int v = 0; any && v < nv; ++v) {
         const int64_t clo = cb[2 * v], chi = cb[2 * v + 1];
-        const int32_t* wlo = wq[clo / p.cg];
-        const int32_t* whi = wq[chi / p.cg];
+        if (clo / p.cg != wlo || chi / p.cg != whi) {  // built once per pair of groups (vectors share them)
+          wlo = clo / p.cg, whi = chi / p.cg;
+          for (int qd = 0; qd < quads; ++qd) {
+            wv[qd] = _mm256_set_m128i(_mm_set1_epi32(wq[whi][qd]), _mm_set1_epi32(wq[wlo][qd]));
+          }
+        }
         const __m256i* x = X + v * (kB / 4) * 4;
+        // The weights (0 .. 127) as the unsigned operand, the codes (0 .. 15) as the signed one, read from memory.
         __m256i a[4];
 #if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
         for (int i = 0; i < 4; ++i) a[i] = _mm256_setzero_si256();
         for (int qd = 0; qd < quads; ++qd) {
-          const __m256i wv = _mm256_set_m128i(_mm_set1_epi32(whi[qd]), _mm_set1_epi32(wlo[qd]));
-          for (int i = 0; i < 4; ++i) a[i] = _mm256_dpbusd_epi32(a[i], x[qd * 4 + i], wv);
+          for (int i = 0; i < 4; ++i) a[i] = _mm256_dpbusd_epi32(a[i], wv[qd], x[qd * 4 + i]);
         }
 #else
         // int16 sums over the block: 8 quads of pair sums <= 2 * 15 * 127 stay below 2^15
         __m256i a16[4];
         for (int i = 0; i < 4; ++i) a16[i] = _mm256_setzero_si256();
         for (int qd = 0; qd < quads; ++qd) {
-          const __m256i wv = _mm256_set_m128i(_mm_set1_epi32(whi[qd]), _mm_set1_epi32(wlo[qd]));
-          for (int i = 0; i < 4; ++i) a16[i] = _mm256_add_epi16(a16[i], _mm256_maddubs_epi16(x[qd * 4 + i], wv));
+          for (int i = 0; i < 4; ++i) a16[i] = _mm256_add_epi16(a16[i], _mm256_maddubs_epi16(wv[qd], x[qd * 4 + i]));
         }
         for (int i = 0; i < 4; ++i) a[i] = _mm256_madd_epi16(a16[i], _mm256_set1_epi16(1));
 #endif
