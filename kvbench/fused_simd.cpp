@@ -245,14 +245,6 @@ inline __m256i dot_codes(const __m256i* V, const __m256i* W, int nv) {
 #endif
 }
 
-// Thirty-two floats rounded to the nearest integer (ties to even; |x| <= 127 by construction) as bytes, in order.
-inline __m256i round_bytes(const float* x) {
-  const __m256i a = _mm256_cvtps_epi32(_mm256_loadu_ps(x)), b = _mm256_cvtps_epi32(_mm256_loadu_ps(x + 8));
-  const __m256i c = _mm256_cvtps_epi32(_mm256_loadu_ps(x + 16)), d = _mm256_cvtps_epi32(_mm256_loadu_ps(x + 24));
-  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
-  return _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
 // n entries of a scale or zero point from offset `off` with stride `step` as floats (0 where there is none).
 inline void side_row(const Side& s, int64_t off, int64_t step, int64_t n, float* out) {
   if (s.type == kNone) {
@@ -331,14 +323,19 @@ struct Task {
       }
       const float t = hmax(top);
       const __m256 inv = set1(t > 0.f ? kP / t : 0.f);
-      __m256 res = _mm256_setzero_ps();  // sum_c (x_c - round(x_c)): the rounding's error against a mid-range code
-      for (int64_t c = 0; c < D; c += 8) {
-        const __m256 xv = _mm256_mul_ps(_mm256_load_ps(x + c), inv);
-        _mm256_store_ps(x + c, xv);
-        res = _mm256_add_ps(res, _mm256_sub_ps(xv, _mm256_round_ps(xv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
-      }
+      // x / step rounded (ties to even) and packed to bytes in one pass, with sum_c (x_c - round(x_c)): the
+      // rounding's error against a mid-range code
+      __m256 res[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
       for (int64_t c = 0; c < D; c += 32) {
-        _mm256_store_si256(reinterpret_cast<__m256i*>(bytes + c), round_bytes(x + c));
+        __m256i ii[4];
+        for (int i = 0; i < 4; ++i) {
+          const __m256 xv = _mm256_mul_ps(_mm256_load_ps(x + c + 8 * i), inv);
+          ii[i] = _mm256_cvtps_epi32(xv);
+          res[i & 1] = _mm256_add_ps(res[i & 1], _mm256_sub_ps(xv, _mm256_cvtepi32_ps(ii[i])));
+        }
+        const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(ii[0], ii[1]), _mm256_packs_epi32(ii[2], ii[3]));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(bytes + c),
+                           _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
       }
       int8_t* dst = reinterpret_cast<int8_t*>(qk + m * kMaxV);
       for (int v = 0; v < nv; ++v) {
@@ -346,7 +343,7 @@ struct Task {
         std::memcpy(dst + 32 * v + 16, bytes + cb[2 * v + 1], 16);
       }
       ka[m] = t / kP;
-      kz[m] = hadd(zs) + ka[m] * mid * hadd(res);
+      kz[m] = hadd(zs) + ka[m] * mid * hadd(_mm256_add_ps(res[0], res[1]));
     }
     kq_part = &p;
     kq_r = r;
