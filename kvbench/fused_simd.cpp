@@ -309,7 +309,7 @@ struct Task {
     side_row(p.scale, b * p.scale.sb + h * p.scale.sh + r * p.scale.sr, p.scale.sc, D, sbuf);
     side_row(p.zero, b * p.zero.sb + h * p.zero.sh + r * p.zero.sr, p.zero.sc, D, zbuf);
     alignas(32) float x[512];
-    alignas(32) int8_t bytes[512];
+    __m256i bytes[kMaxV];  // the rounded query, 32 channels a vector in channel order
     const __m256 sign = set1(-0.f);
     for (int64_t m = 0; m < M; ++m) {
       const float* qm = q + m * D;
@@ -334,14 +334,14 @@ struct Task {
           res[i & 1] = _mm256_add_ps(res[i & 1], _mm256_sub_ps(xv, _mm256_cvtepi32_ps(ii[i])));
         }
         const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(ii[0], ii[1]), _mm256_packs_epi32(ii[2], ii[3]));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(bytes + c),
-                           _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        bytes[c / 32] = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
       }
-      int8_t* dst = reinterpret_cast<int8_t*>(qk + m * kMaxV);
-      for (int v = 0; v < nv; ++v) {
-        std::memcpy(dst + 32 * v, bytes + cb[2 * v], 16);
-        std::memcpy(dst + 32 * v + 16, bytes + cb[2 * v + 1], 16);
-      }
+      // into code_layout's order in registers (whole 32-byte stores: the dot products load them whole)
+      auto half = [&](int64_t c) {
+        const __m256i w = bytes[c / 32];
+        return c % 32 ? _mm256_extracti128_si256(w, 1) : _mm256_castsi256_si128(w);
+      };
+      for (int v = 0; v < nv; ++v) qk[m * kMaxV + v] = _mm256_set_m128i(half(cb[2 * v + 1]), half(cb[2 * v]));
       ka[m] = t / kP;
       kz[m] = hadd(zs) + ka[m] * mid * hadd(_mm256_add_ps(res[0], res[1]));
     }
