@@ -343,7 +343,7 @@ struct Task {
       };
       for (int v = 0; v < nv; ++v) qk[m * kMaxV + v] = _mm256_set_m128i(half(cb[2 * v + 1]), half(cb[2 * v]));
       ka[m] = t / kP;
-      kz[m] = hadd(zs) + ka[m] * mid * hadd(_mm256_add_ps(res[0], res[1]));
+      kz[m] = hadd(_mm256_fmadd_ps(_mm256_add_ps(res[0], res[1]), set1(ka[m] * mid), zs));  // one reduction
     }
     kq_part = &p;
     kq_r = r;
@@ -702,7 +702,7 @@ struct Task {
           wi[v] = _mm256_cvtps_epi32(_mm256_mul_ps(w[v], inv));
           res = _mm256_add_ps(res, _mm256_fnmadd_ps(_mm256_cvtepi32_ps(wi[v]), set1(gv[g]), w[v]));
         }
-        zsum[g] = hadd(zs) + mid * hadd(res);
+        zsum[g] = hadd(_mm256_fmadd_ps(res, set1(mid), zs));  // one reduction
         _mm256_store_si256(reinterpret_cast<__m256i*>(wq[g]), _mm256_permutevar8x32_epi32(_mm256_packus_epi16(
             _mm256_packs_epi32(wi[0], wi[1]), _mm256_packs_epi32(wi[2], wi[3])), order));
       }
