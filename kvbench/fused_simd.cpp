@@ -298,6 +298,15 @@ struct Task {
   int nv = 0, cb_bits = 0;
   alignas(32) float vs[kMaxG][kB], vz[kMaxG][kB];  // packed values: a block's scales and zero points by group
 
+  // The next task: its batch row, KV head, query rows, mask rows and results; what was cached for the last one's
+  // query (its int8 rounding, a key group's folded query) is dropped.
+  void start(int64_t b_, int64_t h_, const float* q_, const float* mrow0_, float* mx_, float* l_, float* acc_) {
+    b = b_, h = h_, q = q_, mrow0 = mrow0_, mx = mx_, l = l_, acc = acc_;
+    quantized = false;
+    kq_part = nullptr;
+    kq_r = -1;
+  }
+
   void layout(int bits) {
     if (cb_bits != bits) nv = code_layout(bits, D, cb), cb_bits = bits;
   }
@@ -657,7 +666,7 @@ struct Task {
 #endif
     for (int64_t g = 0; g < G; ++g) {
       for (int u = t; u < n; ++u) out[g][u] = sd.at(off + u * sd.sr + g * sd.sc);
-      std::fill(out[g] + std::max(t, n), out[g] + kB, 0.f);
+      if (n < kB) std::fill(out[g] + std::max(t, n), out[g] + kB, 0.f);  // a short block only (a memset call)
     }
   }
 
@@ -843,13 +852,14 @@ torch::Tensor attend_simd(const torch::Tensor& q, const std::vector<torch::Tenso
     std::vector<float> rows(simd::kS * D), sbuf(D), zbuf(D);
     std::vector<int8_t> qi(M * D);
     std::vector<__m256i> xs(D / 32 * simd::kB), qks(M * simd::kMaxV);
+    // One Task per thread, its scratch reused by every task (an aggregate built per task zeroes ~20 KB each time)
+    simd::Task task{kp, vp, 0, 0, M, D, nullptr, scl, nullptr, q_len, ms[2], ms[3], ms[4], nullptr, nullptr, nullptr,
+                    rows.data(), sbuf.data(), zbuf.data(), qi.data(), xs.data(), qks.data()};
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / (H * chunks), h = (t / chunks) % H, c = t % chunks;
       const int64_t n0 = c * chunk, n1 = std::min(N, n0 + chunk);
-      simd::Task task{kp, vp, b, h, M, D, qp + (b * H + h) * M * D, scl,
-                      masked ? mk + b * ms[0] + h * ms[1] : nullptr, q_len, ms[2], ms[3], ms[4],
-                      pm + t * M, ps + t * M, pa + t * M * D, rows.data(), sbuf.data(), zbuf.data(), qi.data(),
-                      xs.data(), qks.data()};
+      task.start(b, h, qp + (b * H + h) * M * D, masked ? mk + b * ms[0] + h * ms[1] : nullptr, pm + t * M,
+                 ps + t * M, pa + t * M * D);
       if (N > 0) task.run(n0, n1);
       else {
         for (int64_t m = 0; m < M; ++m) pm[t * M + m] = -std::numeric_limits<float>::infinity(), ps[t * M + m] = 0.f;
