@@ -503,19 +503,21 @@ struct Task {
     bool any = false;
     const __m256 ninf = set1(-std::numeric_limits<float>::infinity());
     const __m256 iota = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 lanes[kB / 8];  // the block's tokens (once for every row)
+    for (int v = 0; v < kB / 8; ++v) {
+      lanes[v] = _mm256_cmp_ps(_mm256_add_ps(iota, set1(8.f * v)), set1(static_cast<float>(n)), _CMP_LT_OQ);
+    }
     for (int64_t m = 0; m < M; ++m) {
       __m256 sv[kB / 8];
       const float* mr = mrow0 ? mrow0 + (m / q_len) * ms2 + (m % q_len) * ms3 + n_abs * ms4 : nullptr;
       for (int v = 0; v < kB / 8; ++v) {
-        const __m256 lanes = _mm256_cmp_ps(_mm256_add_ps(iota, set1(8.f * v)), set1(static_cast<float>(n)),
-                                           _CMP_LT_OQ);
         sv[v] = _mm256_mul_ps(_mm256_load_ps(s[m] + 8 * v), set1(scl));
         if (mr) {
           alignas(32) float add[8];
           for (int t = 0; t < 8; ++t) add[t] = 8 * v + t < n ? mr[(8 * v + t) * ms4] : 0.f;
           sv[v] = _mm256_add_ps(sv[v], _mm256_load_ps(add));
         }
-        sv[v] = _mm256_blendv_ps(ninf, sv[v], lanes);
+        sv[v] = _mm256_blendv_ps(ninf, sv[v], lanes[v]);
       }
       __m256 mv = sv[0];
       for (int v = 1; v < kB / 8; ++v) mv = _mm256_max_ps(mv, sv[v]);
