@@ -10,7 +10,7 @@ than :data:`MAX_ROWS` query rows per KV head, a softcap, a part with no descript
 
 Two kernels read (:data:`READERS`, chosen by ``engine.reader``): ``fused`` (``fused_attend.cpp``, the first,
 kept unchanged so its runs reproduce) and ``simd`` (``fused_simd.cpp``, blocks of tokens in vector registers and
-integer dot products for int8 keys and values; opt-in). Each is compiled on first use by
+integer dot products for int8 and KIVI int4 / int2 keys and values; opt-in). Each is compiled on first use by
 ``torch.utils.cpp_extension`` into a build keyed by its source, flags and this CPU's instruction sets
 (:mod:`kvbench.kernels`). Without a compiler, with ``engine.reader=blocks`` or with ``KVBENCH_FUSED=0``, every
 query goes through the blocks: same results within float rounding, slower. :func:`reader` names which one a run

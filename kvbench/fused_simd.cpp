@@ -14,15 +14,32 @@
 //   folds into the score (KIVI's fold, Liu et al. 2024). int8 values are summed against each row's block weights
 //   (probability times the value's scale) rounded to 7 bits of the block's largest, by vpmaddubsw over the block's
 //   rows interleaved by 4 tokens (interleaved once for every query row), the scale folded back per block;
+// - KIVI's layouts (Liu et al. 2024) of unsigned 4- or 2-bit codes with zero points, rows a whole number of 16-byte
+//   pieces (int4: head_dim % 32 == 0, int2: % 64): keys quantized per channel over groups of tokens score as
+//   q . k_t = sum_c (q_c s_c) code_tc + sum_c q_c z_c: the scales fold into the query once per token group (rounded
+//   to integers of at most kP = 127 per row), the zero points into one float constant per group and row; the
+//   codes are unpacked in registers by shifts, masks and byte unpacking, the query permuted once per group into
+//   the unpacked order, and unsigned codes times the signed query is vpmaddubsw's (vpdpbusd's) operand pair as it
+//   is (pair sums <= 2 * 15 * 127 add in int16 before one vpmaddwd). Values quantized per token over groups of
+//   channels sum as sum_t p_t v_tc = sum_t (p_t s_tg) code_tc + sum_t p_t z_tg: the weights p_t s_tg rounded per
+//   block and channel group to 7 bits of their largest, against the codes interleaved by 4 tokens; the zero
+//   points' sum in float. Both roundings are centred on the mid-range code: their error's sum times
+//   (2^bits - 1) / 2 is added back exactly, so what remains multiplies code - mid, not code.
 // - every other format is decoded by the first kernel's decoders (this file includes it: those stay one copy)
-//   and read by float block products.
+//   and read by float block products. FP8 (E4M3 / E5M2) has no integer path: each byte carries its own exponent,
+//   and on one integer grid its values need 18 bits (E4M3: multiples of 2^-9 up to 448), beyond vpmaddubsw's and
+//   vpdpbusd's 8-bit operands. BFP's mantissas are integers under an exponent per block of channels, so a score is
+//   a sum of per-block integer dots each times its power of two: possible with per-block partial sums (as KIVI's
+//   token-axis keys would need), not built.
 // Flash-decoding's split over chunks and the final merge are the first kernel's. The first kernel is kept as it
 // is (its runs must reproduce); without AVX2 and FMA this module's attend is the first kernel's.
 //
-// The integer paths are not bit-exact against float attention: the query's rounding moves a score by at most
+// The integer paths are not bit-exact against float attention. int8: the query's rounding moves a score by at most
 // 0.5 / kQ of the row's largest |q| times the key row's L1 norm; the weights' 7-bit rounding moves an output by at
 // most 32 / 254 of max|v| (half a step of the block's largest weight per token; measured: about 0.1% of max|v|
-// over hundreds of tokens). tests/test_fused.py bounds both.
+// over hundreds of tokens). KIVI int4 / int2: a score moves by at most half the folded query's step times
+// sum_c |code_tc - mid|, an output by at most 32 * mid * max(s_v) / 254 from the weights (measured: 0.07-0.17% of
+// max|v| over 512 tokens). tests/test_fused.py bounds them all.
 #include <torch/extension.h>
 
 #pragma push_macro("PYBIND11_MODULE")
@@ -35,6 +52,8 @@
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+
+#include <type_traits>
 
 namespace simd {
 
@@ -117,6 +136,133 @@ inline float token_factor(const Part& p, int64_t b, int64_t h, int64_t j) {
   return p.scale.at(b * p.scale.sb + h * p.scale.sh + r * p.scale.sr);
 }
 
+// KIVI's layouts (Liu et al. 2024), unsigned 4- or 2-bit codes packed along the row (the first code of a byte in
+// its low bits), rows a whole number of 16-byte pieces. Keys: one scale and zero point per channel and group of tg
+// tokens, so q . k_t = sum_c (q_c s_c) code_tc + sum_c q_c z_c: the scale folds into the query once per token
+// group, the zero point into one constant per group and query row.
+inline bool packed_keys(const Part& p, int64_t d) {
+  return (p.bits == 4 || p.bits == 2) && p.mode == 0 && p.scale.type != kNone && p.tg > 0 && p.cg == 1 &&
+         d * p.bits % 128 == 0;
+}
+
+// Values: one scale and zero point per token and group of cg channels, so sum_t p_t v_tc =
+// sum_t (p_t s_tg) code_tc + sum_t p_t z_tg: the weights p_t s_tg rounded per channel group, the zero points'
+// sum in float.
+inline bool packed_values(const Part& p, int64_t d) {
+  return (p.bits == 4 || p.bits == 2) && p.mode == 0 && p.scale.type != kNone && p.tg == 1 && p.cg % 16 == 0 &&
+         d * p.bits % 128 == 0;
+}
+
+constexpr int kMaxV = 512 / 32;  // code vectors per row (32 codes each) at the widest head
+constexpr int kMaxG = 512 / 16;  // value channel groups per row (groups of 16 channels or more)
+constexpr int kP = 127;          // the packed paths' integers (query, weights): codes <= 15 keep pair sums in int16
+
+// Where a packed row's codes land once unpacked (unpack_row): code vector v holds 32 codes as bytes, its low 16
+// those of channels cb[2v] .. cb[2v] + 15, its high 16 those of cb[2v + 1] .. + 15. Each 32-byte piece of the row
+// (32 * per channels) gives per vectors: the low and high 128 bits' fields s, interleaved back into channel order by
+// unpacking; a 16-byte tail gives per / 2 vectors of 32 consecutive channels. Returns the number of vectors.
+inline int code_layout(int bits, int64_t d, int16_t* cb) {
+  const int per = 8 / bits;
+  const int64_t bytes = d / per;
+  int nv = 0;
+  int64_t o = 0;
+  for (; o + 32 <= bytes; o += 32, nv += per) {
+    for (int f = 0; f < per; ++f) {
+      cb[2 * (nv + f)] = static_cast<int16_t>(o * per + 16 * f);
+      cb[2 * (nv + f) + 1] = static_cast<int16_t>(o * per + 16 * f + 16 * per);
+    }
+  }
+  if (o < bytes) {
+    for (int f = 0; f < per / 2; ++f, ++nv) {
+      cb[2 * nv] = static_cast<int16_t>(o * per + 32 * f);
+      cb[2 * nv + 1] = static_cast<int16_t>(o * per + 32 * f + 16);
+    }
+  }
+  return nv;
+}
+
+// A packed row of `bytes` bytes as code vectors (code_layout's order), by shifts, masks and byte unpacking.
+template <int Bits>
+inline void unpack_row(const uint8_t* x, int64_t bytes, __m256i* V) {
+  int64_t o = 0;
+  if constexpr (Bits == 4) {
+    const __m256i m = _mm256_set1_epi8(15);
+    for (; o + 32 <= bytes; o += 32) {
+      const __m256i r = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + o));
+      const __m256i lo = _mm256_and_si256(r, m), hi = _mm256_and_si256(_mm256_srli_epi16(r, 4), m);
+      *V++ = _mm256_unpacklo_epi8(lo, hi);
+      *V++ = _mm256_unpackhi_epi8(lo, hi);
+    }
+    if (o < bytes) {
+      const __m128i r = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + o));
+      const __m128i m1 = _mm_set1_epi8(15);
+      const __m128i lo = _mm_and_si128(r, m1), hi = _mm_and_si128(_mm_srli_epi16(r, 4), m1);
+      *V++ = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+    }
+  } else {
+    const __m256i m = _mm256_set1_epi8(3);
+    for (; o + 32 <= bytes; o += 32) {
+      const __m256i r = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + o));
+      const __m256i f0 = _mm256_and_si256(r, m), f1 = _mm256_and_si256(_mm256_srli_epi16(r, 2), m);
+      const __m256i f2 = _mm256_and_si256(_mm256_srli_epi16(r, 4), m);
+      const __m256i f3 = _mm256_and_si256(_mm256_srli_epi16(r, 6), m);
+      const __m256i a = _mm256_unpacklo_epi8(f0, f1), b = _mm256_unpacklo_epi8(f2, f3);
+      const __m256i c = _mm256_unpackhi_epi8(f0, f1), e = _mm256_unpackhi_epi8(f2, f3);
+      *V++ = _mm256_unpacklo_epi16(a, b);
+      *V++ = _mm256_unpackhi_epi16(a, b);
+      *V++ = _mm256_unpacklo_epi16(c, e);
+      *V++ = _mm256_unpackhi_epi16(c, e);
+    }
+    if (o < bytes) {
+      const __m128i r = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + o));
+      const __m128i m1 = _mm_set1_epi8(3);
+      const __m128i f0 = _mm_and_si128(r, m1), f1 = _mm_and_si128(_mm_srli_epi16(r, 2), m1);
+      const __m128i f2 = _mm_and_si128(_mm_srli_epi16(r, 4), m1), f3 = _mm_and_si128(_mm_srli_epi16(r, 6), m1);
+      const __m128i a = _mm_unpacklo_epi8(f0, f1), b = _mm_unpacklo_epi8(f2, f3);
+      const __m128i c = _mm_unpackhi_epi8(f0, f1), e = _mm_unpackhi_epi8(f2, f3);
+      *V++ = _mm256_set_m128i(_mm_unpackhi_epi16(a, b), _mm_unpacklo_epi16(a, b));
+      *V++ = _mm256_set_m128i(_mm_unpackhi_epi16(c, e), _mm_unpacklo_epi16(c, e));
+    }
+  }
+}
+
+// sum_v of the products of unsigned codes V[v] (<= 15) and signed bytes W[v] (|w| <= 127), as eight int32 partial
+// sums: vpdpbusd with VNNI; on AVX2 vpmaddubsw's pair sums (<= 2 * 15 * 127) added in int16 for up to eight
+// vectors (<= 30480 < 2^15), then one vpmaddwd.
+inline __m256i dot_codes(const __m256i* V, const __m256i* W, int nv) {
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+  __m256i a = _mm256_setzero_si256();
+  for (int v = 0; v < nv; ++v) a = _mm256_dpbusd_epi32(a, V[v], W[v]);
+  return a;
+#else
+  __m256i a = _mm256_setzero_si256();
+  for (int v0 = 0; v0 < nv; v0 += 8) {
+    __m256i s16 = _mm256_maddubs_epi16(V[v0], W[v0]);
+    for (int v = v0 + 1; v < std::min(nv, v0 + 8); ++v) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(V[v], W[v]));
+    a = _mm256_add_epi32(a, _mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+  }
+  return a;
+#endif
+}
+
+// n entries of a scale or zero point from offset `off` with stride `step` as floats (0 where there is none).
+inline void side_row(const Side& s, int64_t off, int64_t step, int64_t n, float* out) {
+  if (s.type == kNone) {
+    std::fill(out, out + n, 0.f);
+    return;
+  }
+  int64_t c = 0;
+#if defined(__F16C__)
+  if (s.type == kF16 && step == 1) {
+    const uint16_t* x = static_cast<const uint16_t*>(s.ptr) + off;
+    for (; c + 8 <= n; c += 8) {
+      _mm256_storeu_ps(out + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + c))));
+    }
+  }
+#endif
+  for (; c < n; ++c) out[c] = s.at(off + c * step);
+}
+
 // One task: query rows q [M, D] (D % 8 == 0) over tokens n0 <= n < n1, leaving the chunk's running maximum,
 // denominator and unnormalized sum in mx, l, acc [M, D] (as the first kernel's tasks do).
 struct Task {
@@ -135,7 +281,8 @@ struct Task {
   float* sbuf;
   float* zbuf;
   int8_t* qi;   // [M, D] the query as integers of at most kQ (made when an int8 part is first met)
-  __m256i* X;   // [D / 32][kB / 4][4]: an int8 value block interleaved by 4 tokens
+  __m256i* X;   // [D / 32][kB / 4][4]: an int8 value block (or a packed one's code vectors) interleaved by 4 tokens
+  __m256i* qk;  // [M][kMaxV]: the query folded with a packed key group's scales, as bytes in code_layout's order
   float qa[kMaxM];
   int32_t qsum[kMaxM];  // 128 times the sum of qi's row: what (k xor 0x80) = k + 128 adds to the dot product
   bool quantized = false;
@@ -143,6 +290,126 @@ struct Task {
   alignas(32) float f[kB];
   float fs[kS];
   __m256i ibuf[kMaxM][kS];  // int8 keys: per query row and token, eight partial sums of the dot product
+  // packed keys: the token group qk was folded for, each row's integer step and constant sum_c q_c z_c
+  const Part* kq_part = nullptr;
+  int64_t kq_r = -1;
+  float ka[kMaxM], kz[kMaxM];
+  int16_t cb[2 * kMaxV];  // code_layout of cb_bits-bit rows
+  int nv = 0, cb_bits = 0;
+  alignas(32) float vs[kMaxG][kB], vz[kMaxG][kB];  // packed values: a block's scales and zero points by group
+
+  // The next task: its batch row, KV head, query rows, mask rows and results; what was cached for the last one's
+  // query (its int8 rounding, a key group's folded query) is dropped.
+  void start(int64_t b_, int64_t h_, const float* q_, const float* mrow0_, float* mx_, float* l_, float* acc_) {
+    b = b_, h = h_, q = q_, mrow0 = mrow0_, mx = mx_, l = l_, acc = acc_;
+    quantized = false;
+    kq_part = nullptr;
+    kq_r = -1;
+  }
+
+  void layout(int bits) {
+    if (cb_bits != bits) nv = code_layout(bits, D, cb), cb_bits = bits;
+  }
+
+  // qk and ka, kz for key token group r of part p: q_c s_rc rounded per row to integers of at most kP (a step
+  // ka = max_c |q_c s_rc| / kP), and kz = sum_c q_c z_rc in float.
+  __attribute__((noinline)) void fold_query(const Part& p, int64_t r) {
+    const float mid = ((1 << p.bits) - 1) / 2.f;
+    side_row(p.scale, b * p.scale.sb + h * p.scale.sh + r * p.scale.sr, p.scale.sc, D, sbuf);
+    side_row(p.zero, b * p.zero.sb + h * p.zero.sh + r * p.zero.sr, p.zero.sc, D, zbuf);
+    alignas(32) float x[512];
+    __m256i bytes[kMaxV];  // the rounded query, 32 channels a vector in channel order
+    const __m256 sign = set1(-0.f);
+    for (int64_t m = 0; m < M; ++m) {
+      const float* qm = q + m * D;
+      __m256 top = _mm256_setzero_ps(), zs = _mm256_setzero_ps();
+      for (int64_t c = 0; c < D; c += 8) {
+        const __m256 qv = _mm256_loadu_ps(qm + c);
+        const __m256 qs = _mm256_mul_ps(qv, _mm256_loadu_ps(sbuf + c));
+        _mm256_store_ps(x + c, qs);
+        top = _mm256_max_ps(top, _mm256_andnot_ps(sign, qs));
+        zs = _mm256_fmadd_ps(qv, _mm256_loadu_ps(zbuf + c), zs);
+      }
+      const float t = hmax(top);
+      const __m256 inv = set1(t > 0.f ? kP / t : 0.f);
+      // x / step rounded (ties to even) and packed to bytes in one pass, with sum_c (x_c - round(x_c)): the
+      // rounding's error against a mid-range code
+      __m256 res[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+      for (int64_t c = 0; c < D; c += 32) {
+        __m256i ii[4];
+        for (int i = 0; i < 4; ++i) {
+          const __m256 xv = _mm256_mul_ps(_mm256_load_ps(x + c + 8 * i), inv);
+          ii[i] = _mm256_cvtps_epi32(xv);
+          res[i & 1] = _mm256_add_ps(res[i & 1], _mm256_sub_ps(xv, _mm256_cvtepi32_ps(ii[i])));
+        }
+        const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(ii[0], ii[1]), _mm256_packs_epi32(ii[2], ii[3]));
+        bytes[c / 32] = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      }
+      // into code_layout's order in registers (whole 32-byte stores: the dot products load them whole)
+      auto half = [&](int64_t c) {
+        const __m256i w = bytes[c / 32];
+        return c % 32 ? _mm256_extracti128_si256(w, 1) : _mm256_castsi256_si128(w);
+      };
+      for (int v = 0; v < nv; ++v) qk[m * kMaxV + v] = _mm256_set_m128i(half(cb[2 * v + 1]), half(cb[2 * v]));
+      ka[m] = t / kP;
+      kz[m] = hadd(_mm256_fmadd_ps(_mm256_add_ps(res[0], res[1]), set1(ka[m] * mid), zs));  // one reduction
+    }
+    kq_part = &p;
+    kq_r = r;
+  }
+
+  // ibuf[m][t]: qk_m . codes of row r[t], as eight int32 partial sums; each row unpacked once for every query row.
+  template <int Bits, int NV>
+  void dots_packed(const uint8_t* const* r) {
+    const int n_v = NV ? NV : nv;
+    const int64_t bytes = NV ? NV * 4 * Bits : D * Bits / 8;
+    for (int t = 0; t < kS; ++t) {
+      __m256i V[NV ? NV : kMaxV];
+      unpack_row<Bits>(r[t], bytes, V);
+      for (int64_t m = 0; m < M; ++m) ibuf[m][t] = dot_codes(V, qk + m * kMaxV, n_v);
+    }
+  }
+
+  // f(bits, code vectors) with both as compile-time constants for the common widths (64 and 128 channels), the
+  // number of vectors left to run time (0) for the others: the loops over a row's vectors unroll into registers.
+  template <typename F>
+  void packed_kind(int bits, F&& f) {
+    using I2 = std::integral_constant<int, 2>;
+    using I4 = std::integral_constant<int, 4>;
+    using I0 = std::integral_constant<int, 0>;
+    if (bits == 4) {
+      if (nv == 2) f(I4{}, I2{});
+      else if (nv == 4) f(I4{}, I4{});
+      else f(I4{}, I0{});
+    } else {
+      if (nv == 2) f(I2{}, I2{});
+      else if (nv == 4) f(I2{}, I4{});
+      else f(I2{}, I0{});
+    }
+  }
+
+  // s[m][o:o+8] for packed keys: ka * (qk . codes) + kz per token group (a sub-block that straddles two groups is
+  // scored once per group, each token's lane kept from its own). Not inlined (nor fold_query): inlined into run, it
+  // cost the int8 path ~15% (measured), through the register allocation of the loop they share.
+  __attribute__((noinline)) void score_packed(const Part& p, int64_t j0, int n, int o) {
+    layout(p.bits);
+    const uint8_t* base = static_cast<const uint8_t*>(p.data) + b * p.sb + h * p.sh;
+    const uint8_t* r[kS];
+    for (int t = 0; t < kS; ++t) r[t] = base + (j0 + std::min(t, n - 1)) * p.sn;  // past n: masked later
+    const int64_t g0 = j0 / p.tg, g1 = (j0 + n - 1) / p.tg;
+    const __m256 iota = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t g = g0; g <= g1; ++g) {
+      if (kq_part != &p || kq_r != g) fold_query(p, g);
+      packed_kind(p.bits, [&](auto bits, auto vecs) { dots_packed<decltype(bits)::value, decltype(vecs)::value>(r); });
+      const __m256 lanes = _mm256_and_ps(
+          _mm256_cmp_ps(iota, set1(static_cast<float>(g * p.tg - j0)), _CMP_GE_OQ),
+          _mm256_cmp_ps(iota, set1(static_cast<float>((g + 1) * p.tg - j0)), _CMP_LT_OQ));
+      for (int64_t m = 0; m < M; ++m) {
+        const __m256 sc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8i(ibuf[m])), set1(ka[m]), set1(kz[m]));
+        _mm256_store_ps(s[m] + o, g0 == g1 ? sc : _mm256_blendv_ps(_mm256_load_ps(s[m] + o), sc, lanes));
+      }
+    }
+  }
 
   void quantize_query() {
     for (int64_t m = 0; m < M; ++m) {
@@ -190,6 +457,7 @@ struct Task {
 
   // s[m][o:o+8] = q_m . key_t for the sub-block's tokens j0 <= j < j0 + n (n <= kS; the rest masked later).
   void score_sub(const Part& p, int64_t j0, int n, int o) {
+    if (packed_keys(p, D)) return score_packed(p, j0, n, o);
     if (int8_folded(p, D)) {
       if (!quantized) quantize_query();
       const int8_t* base = static_cast<const int8_t*>(p.data) + b * p.sb + h * p.sh;
@@ -236,19 +504,21 @@ struct Task {
     bool any = false;
     const __m256 ninf = set1(-std::numeric_limits<float>::infinity());
     const __m256 iota = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 lanes[kB / 8];  // the block's tokens (once for every row)
+    for (int v = 0; v < kB / 8; ++v) {
+      lanes[v] = _mm256_cmp_ps(_mm256_add_ps(iota, set1(8.f * v)), set1(static_cast<float>(n)), _CMP_LT_OQ);
+    }
     for (int64_t m = 0; m < M; ++m) {
       __m256 sv[kB / 8];
       const float* mr = mrow0 ? mrow0 + (m / q_len) * ms2 + (m % q_len) * ms3 + n_abs * ms4 : nullptr;
       for (int v = 0; v < kB / 8; ++v) {
-        const __m256 lanes = _mm256_cmp_ps(_mm256_add_ps(iota, set1(8.f * v)), set1(static_cast<float>(n)),
-                                           _CMP_LT_OQ);
         sv[v] = _mm256_mul_ps(_mm256_load_ps(s[m] + 8 * v), set1(scl));
         if (mr) {
           alignas(32) float add[8];
           for (int t = 0; t < 8; ++t) add[t] = 8 * v + t < n ? mr[(8 * v + t) * ms4] : 0.f;
           sv[v] = _mm256_add_ps(sv[v], _mm256_load_ps(add));
         }
-        sv[v] = _mm256_blendv_ps(ninf, sv[v], lanes);
+        sv[v] = _mm256_blendv_ps(ninf, sv[v], lanes[v]);
       }
       __m256 mv = sv[0];
       for (int v = 1; v < kB / 8; ++v) mv = _mm256_max_ps(mv, sv[v]);
@@ -342,6 +612,161 @@ struct Task {
     }
   }
 
+  // X[v][qd][i]: code vector v of the block's rows 4 qd .. 4 qd + 3, interleaved as values_i8 does its int8 rows.
+  template <int Bits, int NV>
+  void interleave_packed(const uint8_t* const* r, int quads) {
+    const int n_v = NV ? NV : nv;
+    const int64_t bytes = NV ? NV * 4 * Bits : D * Bits / 8;
+    for (int qd = 0; qd < quads; ++qd) {
+      __m256i R[4][NV ? NV : kMaxV];
+      for (int i = 0; i < 4; ++i) unpack_row<Bits>(r[4 * qd + i], bytes, R[i]);
+      for (int v = 0; v < n_v; ++v) {
+        const __m256i lo01 = _mm256_unpacklo_epi8(R[0][v], R[1][v]), hi01 = _mm256_unpackhi_epi8(R[0][v], R[1][v]);
+        const __m256i lo23 = _mm256_unpacklo_epi8(R[2][v], R[3][v]), hi23 = _mm256_unpackhi_epi8(R[2][v], R[3][v]);
+        __m256i* x = X + (v * (kB / 4) + qd) * 4;
+        x[0] = _mm256_unpacklo_epi16(lo01, lo23);
+        x[1] = _mm256_unpackhi_epi16(lo01, lo23);
+        x[2] = _mm256_unpacklo_epi16(hi01, hi23);
+        x[3] = _mm256_unpackhi_epi16(hi01, hi23);
+      }
+    }
+  }
+
+  // out[g][t] = side s of token t < n (rows from offset off) and channel group g < G, 0 for t >= n: float16
+  // [token][group] rows of 1, 2 or 4 groups converted 8 tokens at a time and transposed in registers, others
+  // one entry at a time.
+  void side_block(const Side& sd, int64_t off, int64_t G, int n, float (*out)[kB]) {
+    int t = 0;
+    if (sd.type == kNone) n = 0;
+#if defined(__F16C__)
+    if (sd.type == kF16 && sd.sc == 1 && sd.sr == G && (G == 1 || G == 2 || G == 4)) {
+      const uint16_t* x = static_cast<const uint16_t*>(sd.ptr) + off;
+      auto half8 = [](const uint16_t* y) {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y)));
+      };
+      for (; t + 8 <= n; t += 8) {
+        const uint16_t* y = x + t * G;
+        if (G == 1) {
+          _mm256_store_ps(out[0] + t, half8(y));
+        } else if (G == 2) {  // [t0g0 t0g1 t1g0 ...]: each vector's groups apart, then the two halves joined
+          const __m256i idx = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+          const __m256 a = _mm256_permutevar8x32_ps(half8(y), idx), c = _mm256_permutevar8x32_ps(half8(y + 8), idx);
+          _mm256_store_ps(out[0] + t, _mm256_permute2f128_ps(a, c, 0x20));
+          _mm256_store_ps(out[1] + t, _mm256_permute2f128_ps(a, c, 0x31));
+        } else {  // two tokens per vector: pairs of tokens per group, then a 4 x 4 transpose of the pairs
+          const __m256i idx = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+          __m256d v[4];
+          for (int i = 0; i < 4; ++i) v[i] = _mm256_castps_pd(_mm256_permutevar8x32_ps(half8(y + 8 * i), idx));
+          const __m256d l01 = _mm256_unpacklo_pd(v[0], v[1]), h01 = _mm256_unpackhi_pd(v[0], v[1]);
+          const __m256d l23 = _mm256_unpacklo_pd(v[2], v[3]), h23 = _mm256_unpackhi_pd(v[2], v[3]);
+          _mm256_store_ps(out[0] + t, _mm256_castpd_ps(_mm256_permute2f128_pd(l01, l23, 0x20)));
+          _mm256_store_ps(out[1] + t, _mm256_castpd_ps(_mm256_permute2f128_pd(h01, h23, 0x20)));
+          _mm256_store_ps(out[2] + t, _mm256_castpd_ps(_mm256_permute2f128_pd(l01, l23, 0x31)));
+          _mm256_store_ps(out[3] + t, _mm256_castpd_ps(_mm256_permute2f128_pd(h01, h23, 0x31)));
+        }
+      }
+    }
+#endif
+    for (int64_t g = 0; g < G; ++g) {
+      for (int u = t; u < n; ++u) out[g][u] = sd.at(off + u * sd.sr + g * sd.sc);
+      if (n < kB) std::fill(out[g] + std::max(t, n), out[g] + kB, 0.f);  // a short block only (a memset call)
+    }
+  }
+
+  // acc[m] += sum_t s[m][t] * value_t over packed values with a scale and zero point per token and channel group:
+  // per query row and channel group, the weights p_t s_tg rounded to 7-bit integers of the block's largest
+  // (vpmaddubsw's unsigned operand; the codes, interleaved by 4 tokens once for every row, its signed one), the
+  // step folded back per group; sum_t p_t z_tg added in float.
+  void values_packed(const Part& p, int64_t j0, int n) {
+    layout(p.bits);
+    const int64_t G = (D + p.cg - 1) / p.cg;
+    const uint8_t* base = static_cast<const uint8_t*>(p.data) + b * p.sb + h * p.sh;
+    const uint8_t* r[kB];
+    for (int t = 0; t < kB; ++t) r[t] = base + (j0 + std::min(t, n - 1)) * p.sn;  // past n: weight 0
+    side_block(p.scale, b * p.scale.sb + h * p.scale.sh + j0 * p.scale.sr, G, n, vs);
+    side_block(p.zero, b * p.zero.sb + h * p.zero.sh + j0 * p.zero.sr, G, n, vz);
+    const int quads = (n + 3) / 4;
+    const float mid = ((1 << p.bits) - 1) / 2.f;
+    packed_kind(p.bits, [&](auto bits, auto vecs) {
+      interleave_packed<decltype(bits)::value, decltype(vecs)::value>(r, quads);
+    });
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // the two packs' lane order undone
+    for (int64_t m = 0; m < M; ++m) {
+      alignas(32) int32_t wq[kMaxG][kB / 4];  // group g's weights of token quad qd as bytes
+      float gv[kMaxG], zsum[kMaxG];
+      bool any = false;
+      for (int64_t g = 0; g < G; ++g) {
+        __m256 w[kB / 8];
+        __m256 mv = _mm256_setzero_ps(), zs = _mm256_setzero_ps();
+        for (int v = 0; v < kB / 8; ++v) {
+          const __m256 pv = _mm256_load_ps(s[m] + 8 * v);
+          w[v] = _mm256_mul_ps(pv, _mm256_load_ps(vs[g] + 8 * v));
+          mv = _mm256_max_ps(mv, w[v]);
+          zs = _mm256_fmadd_ps(pv, _mm256_load_ps(vz[g] + 8 * v), zs);
+        }
+        const float top = hmax(mv);
+        gv[g] = top > 0.f ? top / kP : 0.f;
+        any |= top > 0.f;
+        const __m256 inv = set1(top > 0.f ? kP / top : 0.f);
+        __m256i wi[4];
+        __m256 res = _mm256_setzero_ps();  // sum_t (w_t - gv wi_t): the rounding's error against a mid-range code
+        for (int v = 0; v < 4; ++v) {
+          wi[v] = _mm256_cvtps_epi32(_mm256_mul_ps(w[v], inv));
+          res = _mm256_add_ps(res, _mm256_fnmadd_ps(_mm256_cvtepi32_ps(wi[v]), set1(gv[g]), w[v]));
+        }
+        zsum[g] = hadd(_mm256_fmadd_ps(res, set1(mid), zs));  // one reduction
+        _mm256_store_si256(reinterpret_cast<__m256i*>(wq[g]), _mm256_permutevar8x32_epi32(_mm256_packus_epi16(
+            _mm256_packs_epi32(wi[0], wi[1]), _mm256_packs_epi32(wi[2], wi[3])), order));
+      }
+      float* am = acc + m * D;
+      __m256i wv[kB / 4];  // the weights of each token quad for a vector's two channel groups (low, high 128 bits)
+      int64_t wlo = -1, whi = -1;
+      for (int v = 0; any && v < nv; ++v) {
+        const int64_t clo = cb[2 * v], chi = cb[2 * v + 1];
+        if (clo / p.cg != wlo || chi / p.cg != whi) {  // built once per pair of groups (vectors share them)
+          wlo = clo / p.cg, whi = chi / p.cg;
+          for (int qd = 0; qd < quads; ++qd) {
+            wv[qd] = _mm256_set_m128i(_mm_set1_epi32(wq[whi][qd]), _mm_set1_epi32(wq[wlo][qd]));
+          }
+        }
+        const __m256i* x = X + v * (kB / 4) * 4;
+        // The weights (0 .. 127) as the unsigned operand, the codes (0 .. 15) as the signed one, read from memory.
+        __m256i a[4];
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+        for (int i = 0; i < 4; ++i) a[i] = _mm256_setzero_si256();
+        for (int qd = 0; qd < quads; ++qd) {
+          for (int i = 0; i < 4; ++i) a[i] = _mm256_dpbusd_epi32(a[i], wv[qd], x[qd * 4 + i]);
+        }
+#else
+        // int16 sums over the block: 8 quads of pair sums <= 2 * 15 * 127 stay below 2^15
+        __m256i a16[4];
+        for (int i = 0; i < 4; ++i) a16[i] = _mm256_setzero_si256();
+        for (int qd = 0; qd < quads; ++qd) {
+          for (int i = 0; i < 4; ++i) a16[i] = _mm256_add_epi16(a16[i], _mm256_maddubs_epi16(wv[qd], x[qd * 4 + i]));
+        }
+        for (int i = 0; i < 4; ++i) a[i] = _mm256_madd_epi16(a16[i], _mm256_set1_epi16(1));
+#endif
+        const __m256 glo = set1(gv[clo / p.cg]), ghi = set1(gv[chi / p.cg]);
+        const __m256i out[4] = {_mm256_permute2x128_si256(a[0], a[1], 0x20),   // channels clo .. clo + 7
+                                _mm256_permute2x128_si256(a[2], a[3], 0x20),   // clo + 8 .. clo + 15
+                                _mm256_permute2x128_si256(a[0], a[1], 0x31),   // chi .. chi + 7
+                                _mm256_permute2x128_si256(a[2], a[3], 0x31)};  // chi + 8 .. chi + 15
+        float* dst[4] = {am + clo, am + clo + 8, am + chi, am + chi + 8};
+        for (int i = 0; i < 4; ++i) {
+          _mm256_storeu_ps(dst[i], _mm256_fmadd_ps(_mm256_cvtepi32_ps(out[i]), i < 2 ? glo : ghi,
+                                                   _mm256_loadu_ps(dst[i])));
+        }
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        if (zsum[g] == 0.f) continue;
+        const __m256 zv = set1(zsum[g]);
+        for (int64_t c = g * p.cg; c < std::min(D, (g + 1) * p.cg); c += 8) {
+          _mm256_storeu_ps(am + c, _mm256_add_ps(_mm256_loadu_ps(am + c), zv));
+        }
+      }
+    }
+  }
+
   // acc[m] += sum_t s[m][o + t] * value_t for a sub-block of decoded rows.
   void values_sub(const Part& p, int64_t j0, int n, int o) {
     decode(p, j0, n);
@@ -364,6 +789,7 @@ struct Task {
   }
 
   void values(const Part& p, int64_t j0, int n) {
+    if (packed_values(p, D)) return values_packed(p, j0, n);
     if (int8_folded(p, D)) return values_i8(p, j0, n);
     for (int o = 0; o < n; o += kS) values_sub(p, j0 + o, std::min(kS, n - o), o);
   }
@@ -428,14 +854,15 @@ torch::Tensor attend_simd(const torch::Tensor& q, const std::vector<torch::Tenso
   at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> rows(simd::kS * D), sbuf(D), zbuf(D);
     std::vector<int8_t> qi(M * D);
-    std::vector<__m256i> xs(D / 32 * simd::kB);
+    std::vector<__m256i> xs(D / 32 * simd::kB), qks(M * simd::kMaxV);
+    // One Task per thread, its scratch reused by every task (an aggregate built per task zeroes ~20 KB each time)
+    simd::Task task{kp, vp, 0, 0, M, D, nullptr, scl, nullptr, q_len, ms[2], ms[3], ms[4], nullptr, nullptr, nullptr,
+                    rows.data(), sbuf.data(), zbuf.data(), qi.data(), xs.data(), qks.data()};
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / (H * chunks), h = (t / chunks) % H, c = t % chunks;
       const int64_t n0 = c * chunk, n1 = std::min(N, n0 + chunk);
-      simd::Task task{kp, vp, b, h, M, D, qp + (b * H + h) * M * D, scl,
-                      masked ? mk + b * ms[0] + h * ms[1] : nullptr, q_len, ms[2], ms[3], ms[4],
-                      pm + t * M, ps + t * M, pa + t * M * D, rows.data(), sbuf.data(), zbuf.data(), qi.data(),
-                      xs.data()};
+      task.start(b, h, qp + (b * H + h) * M * D, masked ? mk + b * ms[0] + h * ms[1] : nullptr, pm + t * M,
+                 ps + t * M, pa + t * M * D);
       if (N > 0) task.run(n0, n1);
       else {
         for (int64_t m = 0; m < M; ++m) pm[t * M + m] = -std::numeric_limits<float>::infinity(), ps[t * M + m] = 0.f;
@@ -488,6 +915,15 @@ std::string isa() {
 }
 
 // The largest integer of the query's int8 rounding on this build (the error bound's denominator).
+// The largest integer of the packed (KIVI int4 / int2) paths' query and weight rounding (0: no such path).
+int64_t packed_levels() {
+#if defined(__AVX2__) && defined(__FMA__)
+  return simd::kP;
+#else
+  return 0;
+#endif
+}
+
 int64_t query_levels() {
 #if defined(__AVX2__) && defined(__FMA__)
   return simd::kQ;
@@ -498,6 +934,7 @@ int64_t query_levels() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("query_levels", &query_levels, "the query's integer range on the integer path (0: none)");
+  m.def("packed_levels", &packed_levels, "the integer range of the packed paths' query and weights (0: none)");
   m.def("attend", &attend_simd, "Block-vector attention over stored parts (kvbench.fused, reader simd)");
   m.def("isa", &isa, "the instruction sets the reader was built for");
 }
