@@ -2,17 +2,20 @@
 
     PYTHONPATH=. nice -n 10 python scripts/bench_advise.py                 # measure, predict, compare
     PYTHONPATH=. python scripts/bench_advise.py --render-only              # compare the committed CSV again
-    PYTHONPATH=. python scripts/bench_advise.py --hardware server-gpu-80g --budget weights+8GB \\
+    PYTHONPATH=. python scripts/bench_advise.py --hardware server-gpu-80g --budget process+8GB \\
         --contexts 8192,16384 --tag gpu                                     # the same on a CUDA machine
 
-Runs ``kvbench throughput`` once (``results/perf/advise_validation[_<tag>].csv``: every (strategy, context) at one
-budget, ``full`` included) and, per cell, what :mod:`kvbench.advise` predicts for the same model, context and
-memory (the budget as the device's memory, no reserve, the weights at 2 bytes per parameter as
-``engine.linear=native`` holds them): ``fits`` from the store's bytes per token through :mod:`kvbench.calc`, and
+Runs ``kvbench throughput`` once (``results/perf/advise_validation[_<tag>].csv``: every (strategy, context,
+budget), ``full`` included; budgets are the whole process's, ``process+X``) and, per cell, what
+:mod:`kvbench.advise` predicts for the same model, context and memory (as the device's memory: what the run left
+for caches — the budget less the process as loaded and the templates the harness held — plus the 2-byte weights
+advise takes off again; no reserve): ``fits`` from the store's bytes per token through :mod:`kvbench.calc`, and
 decode tokens/s and prefill seconds from the roofline of :mod:`kvbench.hardware` — at the batch the measurement
 ran, so the speed model is judged apart from the capacity model. The roofline is evaluated twice: over the
-hardware profile's figures (what ``kvbench advise`` prints), and over the copy bandwidth and matmul FLOP/s
-``kvbench throughput`` measured at the start of the same run. Writes ``results/perf/advise_validation[_<tag>].md``:
+hardware profile's figures (what ``kvbench advise`` prints), and over figures ``kvbench throughput`` measured in the
+same run (the copy bandwidth; for a decode step the FLOP/s of its MLP product at that batch, for the prefill the
+square matmul's, each in the dtype the linear layers compute in). A batch the run stopped (its peak RSS past the
+budget) measured no capacity and is left out of the medians. Writes ``results/perf/advise_validation[_<tag>].md``:
 predicted, measured and the relative error per cell, and the median error per column.
 """
 
@@ -35,8 +38,8 @@ from kvbench.hardware import load_profile  # noqa: E402
 from kvbench.throughput import step_flops_rate  # noqa: E402
 
 DEFAULTS = {"model": "smollm2-135m", "hardware": "cpu", "strategies": "int8,int4,snapkv",
-            "contexts": "256,512,1024", "budget": "process+0.05GB", "linear": "auto", "task": "legal", "steps": 4,
-            "repeats": 1}
+            "contexts": "1024,2048", "budget": "[process+0.1GB,process+0.3GB]", "linear": "auto", "task": "legal",
+            "steps": 4, "repeats": 1}
 
 
 def measure(args: argparse.Namespace, csv: Path) -> str:
@@ -50,12 +53,14 @@ def measure(args: argparse.Namespace, csv: Path) -> str:
 
 
 def device_memory(row: pd.Series, arch) -> int:
-    """The memory ``kvbench advise`` is given for a measured row: the run's budget, less what the process held
-    beyond the weights' 2 bytes per parameter before any cache (the harness's measured overhead, float32 copies of
-    the weights included) when the budget is the whole process's (``overhead_bytes``, from ``process+`` budgets)."""
-    held = row.get("baseline_bytes", float("nan"))
-    extra = float(held) - 2 * arch.params if held == held else 0.0
-    return int(row["budget_bytes"] - max(extra, 0.0))
+    """The memory ``kvbench advise`` is given for a measured row: what the run left for caches (the budget less the
+    process as loaded — the harness's overhead and float32 weight copies included — and the templates the harness
+    holds while a batch decodes), plus the 2-byte weights advise takes off again. CSVs written before the process
+    was measured (``baseline_bytes``) give the budget as it is."""
+    loaded = row.get("baseline_bytes", float("nan"))
+    if loaded != loaded:
+        return int(row["budget_bytes"])
+    return int(row["budget_bytes"] - loaded - row.get("held_bytes", 0) + 2 * arch.params)
 
 
 def _err(pred: float, meas: float) -> float:
@@ -71,6 +76,8 @@ def compare(df: pd.DataFrame, task: str, results_root: Path) -> pd.DataFrame:
     profile = load_profile(str(first["hardware"]))
     measured = {m.name: m for m in advise.load_measured(results_root, "query-agnostic", int(first["context"]))}
     out = []
+    if "probe" in df:  # `full` at int8's batch, refused or stopped on purpose: no capacity to predict
+        df = df[~df["probe"].astype(bool)]
     for (_label, context, _budget), g in df.groupby(["label", "context", "budget"], sort=False):
         row = g.iloc[0]
         name = str(row["strategy"])
@@ -99,10 +106,12 @@ def compare(df: pd.DataFrame, task: str, results_root: Path) -> pd.DataFrame:
         res["kv_mb"] = float(row["seq_kv_bytes"]) / 1e6
         res["ws_mb"] = float(row["seq_working_set_bytes"]) / 1e6
         res["fits"] = int(row["batch"])
-        res["tps"] = float(g["tokens_per_s"].median()) if res["fits"] else float("nan")
+        # A batch the run stopped (its peak RSS past the budget) did not fit: the capacity lies below it, unknown.
+        res["stopped"] = bool((g.get("budget_status", pd.Series(dtype=str)) == "stopped").any())
+        res["tps"] = float(g["tokens_per_s"].median()) if res["fits"] and not res["stopped"] else float("nan")
         res["prefill_s"] = float(g["prefill_s"].median())
         res["load_1m"] = float(g["load_1m"].mean()) if "load_1m" in g else float("nan")
-        res["fits_err"] = _err(res["pred_fits"], res["fits"])
+        res["fits_err"] = float("nan") if res["stopped"] else _err(res["pred_fits"], res["fits"])
         for tag in ("profile", "probed"):
             res[f"{tag}_tps_err"] = _err(res[f"{tag}_tps"], res["tps"])
             res[f"{tag}_prefill_err"] = _err(res[f"{tag}_prefill_s"], res["prefill_s"])
@@ -122,6 +131,14 @@ def _decode_rates(raw: pd.DataFrame) -> str:
 def _held(r0: pd.Series) -> str:
     held = r0.get("baseline_bytes", float("nan"))
     return "" if held != held else f"; process as loaded (before any cache) {held / 1e9:.3f} GB"
+
+
+def _num(x: float) -> str:
+    return "—" if x != x else f"{x:.1f}"
+
+
+def _fits(r: pd.Series) -> str:
+    return f"< {r['fits']} (stopped)" if r.get("stopped", False) else str(r["fits"])
 
 
 def _pct(x: float) -> str:
@@ -147,8 +164,9 @@ def render(res: pd.DataFrame, raws: list[pd.DataFrame], out: Path) -> str:
                   f"{r0['flops_per_s'] / 1e9:.1f} GFLOP/s measured at its start{_decode_rates(raw)}{_held(r0)}; "
                   f"load average (1 min) {raw['load_1m'].min():.1f}–{raw['load_1m'].max():.1f} while it ran.", ""]
     lines += [
-        "Predicted by `kvbench.advise` for the same model, context and memory (the budget as the device's memory "
-        "less what the process held beyond 2-byte weights before any cache, reserve 0), from the committed store's "
+        "Predicted by `kvbench.advise` for the same model, context and memory (as the device's memory: what the run "
+        "left for caches — the budget less the process as loaded and the templates it held — plus the 2-byte "
+        "weights advise takes off again; reserve 0), from the committed store's "
         "bytes per token (`results/**/leaderboard.csv`, query-agnostic). Speed predictions are at the batch the "
         f"measurement ran (so the speed model is judged apart from `fits`): over the `{first['hardware']}` profile's "
         "figures (\"profile\") and over the figures measured in the same run (\"probed\": the copy bandwidth; "
@@ -163,8 +181,8 @@ def render(res: pd.DataFrame, raws: list[pd.DataFrame], out: Path) -> str:
     for _, r in res.iterrows():
         lines.append(
             f"| {r['strategy']} | {r['context']:,} | {r['budget_gb']:.3f} | {r['pred_kv_mb']:.2f} | {r['kv_mb']:.2f} | "
-            f"{r['ws_mb']:.2f} | {r['pred_fits']} | {r['fits']} | "
-            f"{_pct(r['fits_err'])} | {r['tps']:.1f} | {r['profile_tps']:.1f} ({r['profile_bound']}) | "
+            f"{r['ws_mb']:.2f} | {r['pred_fits']} | {_fits(r)} | "
+            f"{_pct(r['fits_err'])} | {_num(r['tps'])} | {r['profile_tps']:.1f} ({r['profile_bound']}) | "
             f"{_pct(r['profile_tps_err'])} | {r['probed_tps']:.1f} ({r['probed_bound']}) | "
             f"{_pct(r['probed_tps_err'])} | {r['prefill_s']:.2f} | {r['profile_prefill_s']:.2f} | "
             f"{_pct(r['profile_prefill_err'])} | {r['probed_prefill_s']:.2f} | {_pct(r['probed_prefill_err'])} |")
@@ -189,19 +207,29 @@ def cause_lines(res: pd.DataFrame, med: dict[str, float], raws: list[pd.DataFram
                      "(the KV columns: predicted against stored), while a sequence here holds its measured working set "
                      "(stored bytes + the dequantized working copy kept as scratch by default + the step's "
                      "temporaries, `kvbench/footprint.py`), which a deployment's reserve must cover.")
+    stopped = res[res.get("stopped", pd.Series(False, index=res.index)).astype(bool)]
+    if len(stopped):
+        lines.append(f"{len(stopped)} of {len(res)} cells were stopped (`< n (stopped)`): the batch the run's own "
+                     "accounting admitted took the process's peak RSS past the budget (+5%) before its decode steps "
+                     "finished, so the capacity there is below the batch tried and unknown; they are left out of "
+                     "the `fits` and tokens/s medians.")
     stored = _median(res["kv_mb"] / res["pred_kv_mb"])
     if stored > 1.1:
         lines.append(f"The stored bytes themselves exceed the projection (median ×{stored:.2f}, the KV columns): the "
                      "projection uses each strategy's bytes per token measured at the store's 4,096-token contexts, "
                      "and at these short contexts a store holds more per context token (the question's tokens, "
                      "buffer headroom, and an eviction window that a 4K context dilutes).")
-    over = (res["probed_tps"] > res["tps"]).mean()
+    timed = res.dropna(subset=["tps"])
+    over = (timed["probed_tps"] > timed["tps"]).mean() if len(timed) else float("nan")
     if med["probed_tps_err"] > 0.25:
+        share = _median(timed["tps"] / timed["probed_tps"])
         lines.append(f"Decode tokens/s misses by a median {_pct(med['probed_tps_err'])} even over the same-run "
-                     f"figures, the roofline above the measurement in {over:.0%} of cells: a roofline counts the "
-                     "bytes moved and the FLOPs at the rates measured for them, not per-layer operator dispatch, the "
-                     "fused reader's own instructions (`results/perf/reader.md`), or the time other jobs took from "
-                     "the cores while the step ran (the load averages above).")
+                     f"figures, the roofline above the measurement in {over:.0%} of the {len(timed)} timed cells: "
+                     f"the bytes and FLOPs it counts, at the rates measured for them, take a median {_pct(share)} of "
+                     "a measured step. The rest is what a roofline does not count: the model's other operators "
+                     "(norms, rotary embeddings, the activation, residual adds, each a dispatch per layer), the "
+                     "harness's cache bookkeeping and the reader's own instructions (`results/perf/reader.md`; "
+                     "`results/perf/decode.md` measures the model's products alone at under half of a step).")
     if max(med["profile_tps_err"], med["profile_prefill_err"]) > 0.25:
         first = raws[-1].iloc[0]
         hw = load_profile(str(first["hardware"]))
