@@ -100,6 +100,26 @@ inline __m256i hsum8i(const __m256i* v) {
   return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20), _mm256_permute2x128_si256(ab, cd, 0x31));
 }
 
+// The sums of eight vectors of int16 (lane t: the sum of v[t]'s sixteen lanes, as int32) whose lanes are sums of
+// NV pair sums of at most 3810 each (dots_packed_rows): summed in int16 while they fit (2 lanes: 2 NV 3810 <= 30480
+// for NV <= 4; 4 lanes for NV <= 2), then by vpmaddwd once per pair or quad of tokens, not once per token.
+template <int NV>
+inline __m256i hsum8w(const __m256i* v) {
+  static_assert(NV >= 1 && NV <= 4, "int16 sums of at most 4 * 3810 per lane");
+  const __m256i one = _mm256_set1_epi16(1);
+  const __m256i x01 = _mm256_hadd_epi16(v[0], v[1]), x23 = _mm256_hadd_epi16(v[2], v[3]);
+  const __m256i x45 = _mm256_hadd_epi16(v[4], v[5]), x67 = _mm256_hadd_epi16(v[6], v[7]);
+  __m256i z0, z1;  // per 128 bits: tokens 0 .. 3 and 4 .. 7
+  if constexpr (NV <= 2) {
+    z0 = _mm256_madd_epi16(_mm256_hadd_epi16(x01, x23), one);
+    z1 = _mm256_madd_epi16(_mm256_hadd_epi16(x45, x67), one);
+  } else {
+    z0 = _mm256_hadd_epi32(_mm256_madd_epi16(x01, one), _mm256_madd_epi16(x23, one));
+    z1 = _mm256_hadd_epi32(_mm256_madd_epi16(x45, one), _mm256_madd_epi16(x67, one));
+  }
+  return _mm256_add_epi32(_mm256_permute2x128_si256(z0, z1, 0x20), _mm256_permute2x128_si256(z0, z1, 0x31));
+}
+
 inline __m256i load8(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 // acc + the sums of four adjacent products of unsigned bytes u and signed bytes v, per int32 lane: one vpdpbusd
@@ -311,6 +331,17 @@ struct Task {
     if (cb_bits != bits) nv = code_layout(bits, D, cb), cb_bits = bits;
   }
 
+  // out[t] = the scale of token j0 + t for t < n, 0 for n <= t < len: float16 scales 8 at a time where there is one
+  // per token (side_row), not one call per token.
+  void token_factors(const Part& p, int64_t j0, int n, int len, float* out) {
+    if (p.tg == 1) {
+      side_row(p.scale, b * p.scale.sb + h * p.scale.sh + j0 * p.scale.sr, p.scale.sr, n, out);
+    } else {
+      for (int t = 0; t < n; ++t) out[t] = token_factor(p, b, h, j0 + t);
+    }
+    std::fill(out + n, out + len, 0.f);
+  }
+
   // qk and ka, kz for key token group r of part p: q_c s_rc rounded per row to integers of at most kP (a step
   // ka = max_c |q_c s_rc| / kP), and kz = sum_c q_c z_rc in float.
   __attribute__((noinline)) void fold_query(const Part& p, int64_t r) {
@@ -359,14 +390,56 @@ struct Task {
   }
 
   // ibuf[m][t]: qk_m . codes of row r[t], as eight int32 partial sums; each row unpacked once for every query row.
+  // For the common widths (NV > 0) isum[m] (lane t: the whole dot product of token t) directly: the query rows'
+  // vectors held in registers, up to four rows a pass; on AVX2 the products stay in int16 through the reduction
+  // (hsum8w: no vpmaddwd per token).
   template <int Bits, int NV>
-  void dots_packed(const uint8_t* const* r) {
-    const int n_v = NV ? NV : nv;
-    const int64_t bytes = NV ? NV * 4 * Bits : D * Bits / 8;
+  void dots_packed(const uint8_t* const* r, __m256i* isum) {
+    if constexpr (NV > 0) {
+      for (int64_t m0 = 0; m0 < M; m0 += 4) {
+        switch (std::min<int64_t>(4, M - m0)) {
+          case 4: dots_packed_rows<Bits, NV, 4>(r, m0, isum); break;
+          case 3: dots_packed_rows<Bits, NV, 3>(r, m0, isum); break;
+          case 2: dots_packed_rows<Bits, NV, 2>(r, m0, isum); break;
+          default: dots_packed_rows<Bits, NV, 1>(r, m0, isum);
+        }
+      }
+    } else {
+      for (int t = 0; t < kS; ++t) {
+        __m256i V[kMaxV];
+        unpack_row<Bits>(r[t], D * Bits / 8, V);
+        for (int64_t m = 0; m < M; ++m) ibuf[m][t] = dot_codes(V, qk + m * kMaxV, nv);
+      }
+      for (int64_t m = 0; m < M; ++m) isum[m] = hsum8i(ibuf[m]);
+    }
+  }
+
+  template <int Bits, int NV, int G>
+  void dots_packed_rows(const uint8_t* const* r, int64_t m0, __m256i* isum) {
+    __m256i qv[G][NV];
+    for (int g = 0; g < G; ++g) {
+      for (int v = 0; v < NV; ++v) qv[g][v] = qk[(m0 + g) * kMaxV + v];
+    }
     for (int t = 0; t < kS; ++t) {
-      __m256i V[NV ? NV : kMaxV];
-      unpack_row<Bits>(r[t], bytes, V);
-      for (int64_t m = 0; m < M; ++m) ibuf[m][t] = dot_codes(V, qk + m * kMaxV, n_v);
+      __m256i V[NV];
+      unpack_row<Bits>(r[t], NV * 4 * Bits, V);
+      for (int g = 0; g < G; ++g) {
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+        ibuf[m0 + g][t] = dot_codes(V, qv[g], NV);
+#else
+        // pair sums <= 2 * 15 * 127 = 3810, NV <= 4 of them per lane: int16 (hsum8w's bound)
+        __m256i s16 = _mm256_maddubs_epi16(V[0], qv[g][0]);
+        for (int v = 1; v < NV; ++v) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(V[v], qv[g][v]));
+        ibuf[m0 + g][t] = s16;
+#endif
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+      isum[m0 + g] = hsum8i(ibuf[m0 + g]);
+#else
+      isum[m0 + g] = hsum8w<NV>(ibuf[m0 + g]);
+#endif
     }
   }
 
@@ -400,44 +473,90 @@ struct Task {
     const __m256 iota = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
     for (int64_t g = g0; g <= g1; ++g) {
       if (kq_part != &p || kq_r != g) fold_query(p, g);
-      packed_kind(p.bits, [&](auto bits, auto vecs) { dots_packed<decltype(bits)::value, decltype(vecs)::value>(r); });
+      __m256i isum[kMaxM];
+      packed_kind(p.bits, [&](auto bits, auto vecs) {
+        dots_packed<decltype(bits)::value, decltype(vecs)::value>(r, isum);
+      });
       const __m256 lanes = _mm256_and_ps(
           _mm256_cmp_ps(iota, set1(static_cast<float>(g * p.tg - j0)), _CMP_GE_OQ),
           _mm256_cmp_ps(iota, set1(static_cast<float>((g + 1) * p.tg - j0)), _CMP_LT_OQ));
       for (int64_t m = 0; m < M; ++m) {
-        const __m256 sc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8i(ibuf[m])), set1(ka[m]), set1(kz[m]));
+        const __m256 sc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), set1(ka[m]), set1(kz[m]));
         _mm256_store_ps(s[m] + o, g0 == g1 ? sc : _mm256_blendv_ps(_mm256_load_ps(s[m] + o), sc, lanes));
       }
     }
   }
 
+  // qi, qa, qsum for every query row, 32 channels a pass: q / qa rounded (ties to even) and packed to bytes.
   void quantize_query() {
+    const __m256 sign = set1(-0.f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // the two packs' lane order undone
     for (int64_t m = 0; m < M; ++m) {
       const float* qm = q + m * D;
-      float top = 0.f;
-      for (int64_t c = 0; c < D; ++c) top = std::max(top, std::fabs(qm[c]));
+      __m256 mv = _mm256_setzero_ps();
+      for (int64_t c = 0; c < D; c += 8) mv = _mm256_max_ps(mv, _mm256_andnot_ps(sign, _mm256_loadu_ps(qm + c)));
+      const float top = hmax(mv);
       const float a = top > 0.f ? top / kQ : 1.f;
       qa[m] = a;
-      int32_t sum = 0;
-      for (int64_t c = 0; c < D; ++c) sum += qi[m * D + c] = static_cast<int8_t>(std::nearbyint(qm[c] / a));
-      qsum[m] = 128 * sum;
+      const __m256 inv = set1(1.f / a);
+      __m256i sum = _mm256_setzero_si256();
+      for (int64_t c = 0; c < D; c += 32) {
+        __m256i ii[4];
+        for (int i = 0; i < 4; ++i) {
+          ii[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(qm + c + 8 * i), inv));
+          sum = _mm256_add_epi32(sum, ii[i]);
+        }
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qi + m * D + c), _mm256_permutevar8x32_epi32(
+            _mm256_packs_epi16(_mm256_packs_epi32(ii[0], ii[1]), _mm256_packs_epi32(ii[2], ii[3])), order));
+      }
+      alignas(32) int32_t lanes[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sum);
+      qsum[m] = 128 * (lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] + lanes[7]);
     }
     quantized = true;
   }
 
   // ibuf[m0 + g][t] for g < G: qi_(m0+g) . (key_t + 128) as eight int32 partial sums. Each key vector is loaded
   // and made unsigned (its sign bit flipped) once for the G rows.
-  template <int G>
+  template <int G, int NC>
   void dots_i8(const int8_t* const* r, int64_t m0) {
     const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-    for (int t = 0; t < kS; ++t) {
-      __m256i a[G];
-      for (int g = 0; g < G; ++g) a[g] = _mm256_setzero_si256();
-      for (int64_t c = 0; c < D; c += 32) {
-        const __m256i ku = _mm256_xor_si256(load8(r[t] + c), flip);
-        for (int g = 0; g < G; ++g) a[g] = dp(a[g], ku, load8(qi + (m0 + g) * D + c));
+    if constexpr (NC > 0) {  // the common widths: the query rows' vectors held in registers across the 8 tokens
+      __m256i qv[G][NC];
+      for (int g = 0; g < G; ++g) {
+        for (int k = 0; k < NC; ++k) qv[g][k] = load8(qi + (m0 + g) * D + 32 * k);
       }
-      for (int g = 0; g < G; ++g) ibuf[m0 + g][t] = a[g];
+      for (int t = 0; t < kS; ++t) {
+        __m256i ku[NC];
+        for (int k = 0; k < NC; ++k) ku[k] = _mm256_xor_si256(load8(r[t] + 32 * k), flip);
+        for (int g = 0; g < G; ++g) {
+          __m256i a = _mm256_setzero_si256();
+          for (int k = 0; k < NC; ++k) a = dp(a, ku[k], qv[g][k]);
+          ibuf[m0 + g][t] = a;
+        }
+      }
+    } else {
+      for (int t = 0; t < kS; ++t) {
+        __m256i a[G];
+        for (int g = 0; g < G; ++g) a[g] = _mm256_setzero_si256();
+        for (int64_t c = 0; c < D; c += 32) {
+          const __m256i ku = _mm256_xor_si256(load8(r[t] + c), flip);
+          for (int g = 0; g < G; ++g) a[g] = dp(a[g], ku, load8(qi + (m0 + g) * D + c));
+        }
+        for (int g = 0; g < G; ++g) ibuf[m0 + g][t] = a[g];
+      }
+    }
+  }
+
+  template <int NC>
+  void dots_i8_rows(const int8_t* const* r) {
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {  // each key vector loaded once for up to four query rows
+      switch (std::min<int64_t>(4, M - m0)) {
+        case 4: dots_i8<4, NC>(r, m0); break;
+        case 3: dots_i8<3, NC>(r, m0); break;
+        case 2: dots_i8<2, NC>(r, m0); break;
+        default: dots_i8<1, NC>(r, m0);
+      }
     }
   }
 
@@ -462,18 +581,11 @@ struct Task {
       if (!quantized) quantize_query();
       const int8_t* base = static_cast<const int8_t*>(p.data) + b * p.sb + h * p.sh;
       const int8_t* r[kS];
-      for (int t = 0; t < kS; ++t) {
-        r[t] = base + (j0 + std::min(t, n - 1)) * p.sn;  // past n: the last row again, masked later
-        fs[t] = t < n ? token_factor(p, b, h, j0 + t) : 0.f;
-      }
-      for (int64_t m0 = 0; m0 < M; m0 += 4) {  // each key vector loaded once for up to four query rows
-        switch (std::min<int64_t>(4, M - m0)) {
-          case 4: dots_i8<4>(r, m0); break;
-          case 3: dots_i8<3>(r, m0); break;
-          case 2: dots_i8<2>(r, m0); break;
-          default: dots_i8<1>(r, m0);
-        }
-      }
+      for (int t = 0; t < kS; ++t) r[t] = base + (j0 + std::min(t, n - 1)) * p.sn;  // past n: masked later
+      token_factors(p, j0, n, kS, fs);
+      if (D == 64) dots_i8_rows<2>(r);
+      else if (D == 128) dots_i8_rows<4>(r);
+      else dots_i8_rows<0>(r);
       const __m256 fv = _mm256_loadu_ps(fs);
       for (int64_t m = 0; m < M; ++m) {
         const __m256i d = _mm256_sub_epi32(hsum8i(ibuf[m]), _mm256_set1_epi32(qsum[m]));
@@ -554,10 +666,8 @@ struct Task {
   void values_i8(const Part& p, int64_t j0, int n) {
     const int8_t* base = static_cast<const int8_t*>(p.data) + b * p.sb + h * p.sh;
     const int8_t* r[kB];
-    for (int t = 0; t < kB; ++t) {
-      r[t] = base + (j0 + std::min(t, n - 1)) * p.sn;  // past n: weight 0
-      f[t] = t < n ? token_factor(p, b, h, j0 + t) : 0.f;
-    }
+    for (int t = 0; t < kB; ++t) r[t] = base + (j0 + std::min(t, n - 1)) * p.sn;  // past n: weight 0
+    token_factors(p, j0, n, kB, f);
     const int quads = (n + 3) / 4;
     // X[k][qd][i] holds, per channel, the bytes of tokens 4 qd .. 4 qd + 3, for channels 32k + 4i .. +3 (low
     // 128 bits) and 32k + 16 + 4i .. +3 (high).
@@ -673,6 +783,115 @@ struct Task {
     }
   }
 
+  // Query row m's weights p_t s_tg for each channel group g < G rounded to 7-bit integers of the group's largest
+  // (step gv[g]), as bytes per token quad (wq[g][qd]), and zsum[g] = sum_t p_t z_tg plus the rounding's error times
+  // the mid-range code. Returns whether any weight is nonzero.
+  bool packed_weights(int64_t m, int64_t G, float mid, int32_t (*wq)[kB / 4], float* gv, float* zsum) {
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // the two packs' lane order undone
+    bool any = false;
+    for (int64_t g = 0; g < G; ++g) {
+      __m256 w[kB / 8];
+      __m256 mv = _mm256_setzero_ps(), zs = _mm256_setzero_ps();
+      for (int v = 0; v < kB / 8; ++v) {
+        const __m256 pv = _mm256_load_ps(s[m] + 8 * v);
+        w[v] = _mm256_mul_ps(pv, _mm256_load_ps(vs[g] + 8 * v));
+        mv = _mm256_max_ps(mv, w[v]);
+        zs = _mm256_fmadd_ps(pv, _mm256_load_ps(vz[g] + 8 * v), zs);
+      }
+      const float top = hmax(mv);
+      gv[g] = top > 0.f ? top / kP : 0.f;
+      any |= top > 0.f;
+      const __m256 inv = set1(top > 0.f ? kP / top : 0.f);
+      __m256i wi[4];
+      __m256 res = _mm256_setzero_ps();  // sum_t (w_t - gv wi_t): the rounding's error against a mid-range code
+      for (int v = 0; v < 4; ++v) {
+        wi[v] = _mm256_cvtps_epi32(_mm256_mul_ps(w[v], inv));
+        res = _mm256_add_ps(res, _mm256_fnmadd_ps(_mm256_cvtepi32_ps(wi[v]), set1(gv[g]), w[v]));
+      }
+      zsum[g] = hadd(_mm256_fmadd_ps(res, set1(mid), zs));  // one reduction
+      _mm256_store_si256(reinterpret_cast<__m256i*>(wq[g]), _mm256_permutevar8x32_epi32(_mm256_packus_epi16(
+          _mm256_packs_epi32(wi[0], wi[1]), _mm256_packs_epi32(wi[2], wi[3])), order));
+    }
+    return any;
+  }
+
+  // acc[m] (its channels of group g) += zsum[g] for each group.
+  void add_zero_sums(float* am, int64_t G, int64_t cg, const float* zsum) {
+    for (int64_t g = 0; g < G; ++g) {
+      if (zsum[g] == 0.f) continue;
+      const __m256 zv = set1(zsum[g]);
+      for (int64_t c = g * cg; c < std::min(D, (g + 1) * cg); c += 8) {
+        _mm256_storeu_ps(am + c, _mm256_add_ps(_mm256_loadu_ps(am + c), zv));
+      }
+    }
+  }
+
+  // int4 values with rows a whole number of 32-byte pieces and channel groups of 32 or more: the block's rows are
+  // interleaved by 4 tokens while still packed (half the shuffles of interleaving unpacked codes), then split into
+  // their low nibbles (even channels) and high ones (odd channels); the two sums are put back in channel order per
+  // row. A piece's low 128 bits hold channels 64k .. 64k + 31, its high ones 64k + 32 .. 64k + 63: one group each.
+  // X[k][qd][i]: piece k of tokens 4 qd .. 4 qd + 3, i < 4 the even channels 8i + 2j (int32 lane j < 4; lanes 4 .. 7
+  // the same + 32), i >= 4 the odd ones.
+  void values_int4(const Part& p, const uint8_t* const* r, int quads, int64_t G) {
+    const __m256i m15 = _mm256_set1_epi8(15);
+    const int64_t pieces = D / 64;
+    for (int64_t k = 0; k < pieces; ++k) {
+      for (int qd = 0; qd < quads; ++qd) {
+        const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r[4 * qd] + 32 * k));
+        const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r[4 * qd + 1] + 32 * k));
+        const __m256i r2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r[4 * qd + 2] + 32 * k));
+        const __m256i r3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r[4 * qd + 3] + 32 * k));
+        const __m256i lo01 = _mm256_unpacklo_epi8(r0, r1), hi01 = _mm256_unpackhi_epi8(r0, r1);
+        const __m256i lo23 = _mm256_unpacklo_epi8(r2, r3), hi23 = _mm256_unpackhi_epi8(r2, r3);
+        const __m256i y[4] = {_mm256_unpacklo_epi16(lo01, lo23), _mm256_unpackhi_epi16(lo01, lo23),
+                              _mm256_unpacklo_epi16(hi01, hi23), _mm256_unpackhi_epi16(hi01, hi23)};
+        __m256i* x = X + (k * (kB / 4) + qd) * 8;
+        for (int i = 0; i < 4; ++i) {
+          x[i] = _mm256_and_si256(y[i], m15);
+          x[4 + i] = _mm256_and_si256(_mm256_srli_epi16(y[i], 4), m15);
+        }
+      }
+    }
+    const float mid = 7.5f;
+    for (int64_t m = 0; m < M; ++m) {
+      alignas(32) int32_t wq[kMaxG][kB / 4];
+      float gv[kMaxG], zsum[kMaxG];
+      const bool any = packed_weights(m, G, mid, wq, gv, zsum);  // none: only the zero points' sums remain
+      float* am = acc + m * D;
+      for (int64_t k = 0; any && k < pieces; ++k) {
+        const int64_t glo = 64 * k / p.cg, ghi = (64 * k + 32) / p.cg;
+        const __m256i* x = X + k * (kB / 4) * 8;
+        __m256i a[8];
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+        for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_si256();
+        for (int qd = 0; qd < quads; ++qd) {
+          const __m256i wv = _mm256_set_m128i(_mm_set1_epi32(wq[ghi][qd]), _mm_set1_epi32(wq[glo][qd]));
+          for (int i = 0; i < 8; ++i) a[i] = _mm256_dpbusd_epi32(a[i], wv, x[qd * 8 + i]);
+        }
+#else
+        // int16 sums over the block: 8 quads of pair sums <= 2 * 15 * 127 stay below 2^15
+        for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_si256();
+        for (int qd = 0; qd < quads; ++qd) {
+          const __m256i wv = _mm256_set_m128i(_mm_set1_epi32(wq[ghi][qd]), _mm_set1_epi32(wq[glo][qd]));
+          for (int i = 0; i < 8; ++i) a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(wv, x[qd * 8 + i]));
+        }
+        for (int i = 0; i < 8; ++i) a[i] = _mm256_madd_epi16(a[i], _mm256_set1_epi16(1));
+#endif
+        const __m256 sl = set1(gv[glo]), sh = set1(gv[ghi]);
+        for (int i = 0; i < 4; ++i) {  // even and odd channels back in order: 8i .. 8i + 7 and 32 + 8i .. + 7
+          const __m256i u0 = _mm256_unpacklo_epi32(a[i], a[4 + i]), u1 = _mm256_unpackhi_epi32(a[i], a[4 + i]);
+          float* dlo = am + 64 * k + 8 * i;
+          float* dhi = dlo + 32;
+          _mm256_storeu_ps(dlo, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_permute2x128_si256(u0, u1, 0x20)), sl,
+                                                _mm256_loadu_ps(dlo)));
+          _mm256_storeu_ps(dhi, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_permute2x128_si256(u0, u1, 0x31)), sh,
+                                                _mm256_loadu_ps(dhi)));
+        }
+      }
+      add_zero_sums(am, G, p.cg, zsum);
+    }
+  }
+
   // acc[m] += sum_t s[m][t] * value_t over packed values with a scale and zero point per token and channel group:
   // per query row and channel group, the weights p_t s_tg rounded to 7-bit integers of the block's largest
   // (vpmaddubsw's unsigned operand; the codes, interleaved by 4 tokens once for every row, its signed one), the
@@ -687,37 +906,14 @@ struct Task {
     side_block(p.zero, b * p.zero.sb + h * p.zero.sh + j0 * p.zero.sr, G, n, vz);
     const int quads = (n + 3) / 4;
     const float mid = ((1 << p.bits) - 1) / 2.f;
+    if (p.bits == 4 && D % 64 == 0 && p.cg % 32 == 0) return values_int4(p, r, quads, G);
     packed_kind(p.bits, [&](auto bits, auto vecs) {
       interleave_packed<decltype(bits)::value, decltype(vecs)::value>(r, quads);
     });
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // the two packs' lane order undone
     for (int64_t m = 0; m < M; ++m) {
       alignas(32) int32_t wq[kMaxG][kB / 4];  // group g's weights of token quad qd as bytes
       float gv[kMaxG], zsum[kMaxG];
-      bool any = false;
-      for (int64_t g = 0; g < G; ++g) {
-        __m256 w[kB / 8];
-        __m256 mv = _mm256_setzero_ps(), zs = _mm256_setzero_ps();
-        for (int v = 0; v < kB / 8; ++v) {
-          const __m256 pv = _mm256_load_ps(s[m] + 8 * v);
-          w[v] = _mm256_mul_ps(pv, _mm256_load_ps(vs[g] + 8 * v));
-          mv = _mm256_max_ps(mv, w[v]);
-          zs = _mm256_fmadd_ps(pv, _mm256_load_ps(vz[g] + 8 * v), zs);
-        }
-        const float top = hmax(mv);
-        gv[g] = top > 0.f ? top / kP : 0.f;
-        any |= top > 0.f;
-        const __m256 inv = set1(top > 0.f ? kP / top : 0.f);
-        __m256i wi[4];
-        __m256 res = _mm256_setzero_ps();  // sum_t (w_t - gv wi_t): the rounding's error against a mid-range code
-        for (int v = 0; v < 4; ++v) {
-          wi[v] = _mm256_cvtps_epi32(_mm256_mul_ps(w[v], inv));
-          res = _mm256_add_ps(res, _mm256_fnmadd_ps(_mm256_cvtepi32_ps(wi[v]), set1(gv[g]), w[v]));
-        }
-        zsum[g] = hadd(_mm256_fmadd_ps(res, set1(mid), zs));  // one reduction
-        _mm256_store_si256(reinterpret_cast<__m256i*>(wq[g]), _mm256_permutevar8x32_epi32(_mm256_packus_epi16(
-            _mm256_packs_epi32(wi[0], wi[1]), _mm256_packs_epi32(wi[2], wi[3])), order));
-      }
+      const bool any = packed_weights(m, G, mid, wq, gv, zsum);
       float* am = acc + m * D;
       __m256i wv[kB / 4];  // the weights of each token quad for a vector's two channel groups (low, high 128 bits)
       int64_t wlo = -1, whi = -1;
@@ -757,13 +953,7 @@ struct Task {
                                                    _mm256_loadu_ps(dst[i])));
         }
       }
-      for (int64_t g = 0; g < G; ++g) {
-        if (zsum[g] == 0.f) continue;
-        const __m256 zv = set1(zsum[g]);
-        for (int64_t c = g * p.cg; c < std::min(D, (g + 1) * p.cg); c += 8) {
-          _mm256_storeu_ps(am + c, _mm256_add_ps(_mm256_loadu_ps(am + c), zv));
-        }
-      }
+      add_zero_sums(am, G, p.cg, zsum);
     }
   }
 
