@@ -461,30 +461,39 @@ struct Task {
     }
   }
 
-  // s[m][o:o+8] for packed keys: ka * (qk . codes) + kz per token group (a sub-block that straddles two groups is
-  // scored once per group, each token's lane kept from its own). Not inlined (nor fold_query): inlined into run, it
-  // cost the int8 path ~15% (measured), through the register allocation of the loop they share.
-  __attribute__((noinline)) void score_packed(const Part& p, int64_t j0, int n, int o) {
+  // s[m][0:n] for a block of packed keys, 8 tokens a pass: ka * (qk . codes) + kz per token group (a pass that
+  // straddles two groups is scored once per group, each token's lane kept from its own). Not inlined (nor
+  // fold_query): inlined into run, it cost the int8 path ~15% (measured), through the register allocation of the
+  // loop they share.
+  __attribute__((noinline)) void score_packed(const Part& p, int64_t j0, int n) {
     layout(p.bits);
     const uint8_t* base = static_cast<const uint8_t*>(p.data) + b * p.sb + h * p.sh;
-    const uint8_t* r[kS];
-    for (int t = 0; t < kS; ++t) r[t] = base + (j0 + std::min(t, n - 1)) * p.sn;  // past n: masked later
-    const int64_t g0 = j0 / p.tg, g1 = (j0 + n - 1) / p.tg;
     const __m256 iota = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
-    for (int64_t g = g0; g <= g1; ++g) {
-      if (kq_part != &p || kq_r != g) fold_query(p, g);
-      __m256i isum[kMaxM];
-      packed_kind(p.bits, [&](auto bits, auto vecs) {
-        dots_packed<decltype(bits)::value, decltype(vecs)::value>(r, isum);
-      });
-      const __m256 lanes = _mm256_and_ps(
-          _mm256_cmp_ps(iota, set1(static_cast<float>(g * p.tg - j0)), _CMP_GE_OQ),
-          _mm256_cmp_ps(iota, set1(static_cast<float>((g + 1) * p.tg - j0)), _CMP_LT_OQ));
-      for (int64_t m = 0; m < M; ++m) {
-        const __m256 sc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), set1(ka[m]), set1(kz[m]));
-        _mm256_store_ps(s[m] + o, g0 == g1 ? sc : _mm256_blendv_ps(_mm256_load_ps(s[m] + o), sc, lanes));
+    int64_t gf = j0 / p.tg, gs = gf * p.tg;  // the group of the sub-block's first token and that group's first token
+    // one dispatch per block, the sub-blocks' groups followed without a division each
+    packed_kind(p.bits, [&](auto bits, auto vecs) {
+      for (int o = 0; o < n; o += kS) {
+        const int k = std::min(kS, n - o);
+        const int64_t j = j0 + o;
+        const uint8_t* r[kS];
+        for (int t = 0; t < kS; ++t) r[t] = base + (j + std::min(t, k - 1)) * p.sn;  // past k: masked later
+        while (j >= gs + p.tg) ++gf, gs += p.tg;
+        int64_t g1 = gf;
+        for (int64_t e = gs + p.tg; j + k - 1 >= e; e += p.tg) ++g1;
+        for (int64_t g = gf; g <= g1; ++g) {
+          if (kq_part != &p || kq_r != g) fold_query(p, g);
+          __m256i isum[kMaxM];
+          dots_packed<decltype(bits)::value, decltype(vecs)::value>(r, isum);
+          const __m256 lanes = _mm256_and_ps(
+              _mm256_cmp_ps(iota, set1(static_cast<float>(g * p.tg - j)), _CMP_GE_OQ),
+              _mm256_cmp_ps(iota, set1(static_cast<float>((g + 1) * p.tg - j)), _CMP_LT_OQ));
+          for (int64_t m = 0; m < M; ++m) {
+            const __m256 sc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), set1(ka[m]), set1(kz[m]));
+            _mm256_store_ps(s[m] + o, gf == g1 ? sc : _mm256_blendv_ps(_mm256_load_ps(s[m] + o), sc, lanes));
+          }
+        }
       }
-    }
+    });
   }
 
   // qi, qa, qsum for every query row, 32 channels a pass: q / qa rounded (ties to even) and packed to bytes.
@@ -576,7 +585,6 @@ struct Task {
 
   // s[m][o:o+8] = q_m . key_t for the sub-block's tokens j0 <= j < j0 + n (n <= kS; the rest masked later).
   void score_sub(const Part& p, int64_t j0, int n, int o) {
-    if (packed_keys(p, D)) return score_packed(p, j0, n, o);
     if (int8_folded(p, D)) {
       if (!quantized) quantize_query();
       const int8_t* base = static_cast<const int8_t*>(p.data) + b * p.sb + h * p.sh;
@@ -607,6 +615,7 @@ struct Task {
   }
 
   void score(const Part& p, int64_t j0, int n) {
+    if (packed_keys(p, D)) return score_packed(p, j0, n);
     for (int o = 0; o < n; o += kS) score_sub(p, j0 + o, std::min(kS, n - o), o);
   }
 
