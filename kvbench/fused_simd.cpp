@@ -20,10 +20,12 @@
 //   to integers of at most kP = 127 per row), the zero points into one float constant per group and row; the
 //   codes are unpacked in registers by shifts, masks and byte unpacking, the query permuted once per group into
 //   the unpacked order, and unsigned codes times the signed query is vpmaddubsw's (vpdpbusd's) operand pair as it
-//   is (pair sums <= 2 * 15 * 127 add in int16 before one vpmaddwd). Values quantized per token over groups of
+//   is (pair sums <= 2 * 15 * 127 add in int16 before one vpmaddwd; at 64 and 128 channels they stay int16 through
+//   the sum over 8 tokens' lanes, one vpmaddwd per 2 or 4 tokens). Values quantized per token over groups of
 //   channels sum as sum_t p_t v_tc = sum_t (p_t s_tg) code_tc + sum_t p_t z_tg: the weights p_t s_tg rounded per
-//   block and channel group to 7 bits of their largest, against the codes interleaved by 4 tokens; the zero
-//   points' sum in float. Both roundings are centred on the mid-range code: their error's sum times
+//   block and channel group to 7 bits of their largest, against the codes interleaved by 4 tokens (int4 rows of
+//   whole 32-byte pieces: interleaved while packed, then split into even and odd channels); the zero points' sum
+//   in float. Both roundings are centred on the mid-range code: their error's sum times
 //   (2^bits - 1) / 2 is added back exactly, so what remains multiplies code - mid, not code.
 // - every other format is decoded by the first kernel's decoders (this file includes it: those stay one copy)
 //   and read by float block products. FP8 (E4M3 / E5M2) has no integer path: each byte carries its own exponent,
