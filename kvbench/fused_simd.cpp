@@ -585,14 +585,16 @@ struct Task {
     }
   }
 
-  // s[m][o:o+8] = q_m . key_t for the sub-block's tokens j0 <= j < j0 + n (n <= kS; the rest masked later).
-  void score_sub(const Part& p, int64_t j0, int n, int o) {
-    if (int8_folded(p, D)) {
-      if (!quantized) quantize_query();
-      const int8_t* base = static_cast<const int8_t*>(p.data) + b * p.sb + h * p.sh;
+  // s[m][0:n] for a block of int8 keys with one scale per token, 8 tokens a pass (not inlined into run, as
+  // score_packed: the bf16 path's loop keeps its registers).
+  __attribute__((noinline)) void score_i8(const Part& p, int64_t j0, int n) {
+    if (!quantized) quantize_query();
+    const int8_t* base = static_cast<const int8_t*>(p.data) + b * p.sb + h * p.sh;
+    for (int o = 0; o < n; o += kS) {
+      const int k = std::min(kS, n - o);
       const int8_t* r[kS];
-      for (int t = 0; t < kS; ++t) r[t] = base + (j0 + std::min(t, n - 1)) * p.sn;  // past n: masked later
-      token_factors(p, j0, n, kS, fs);
+      for (int t = 0; t < kS; ++t) r[t] = base + (j0 + o + std::min(t, k - 1)) * p.sn;  // past k: masked later
+      token_factors(p, j0 + o, k, kS, fs);
       if (D == 64) dots_i8_rows<2>(r);
       else if (D == 128) dots_i8_rows<4>(r);
       else dots_i8_rows<0>(r);
@@ -601,8 +603,11 @@ struct Task {
         const __m256i d = _mm256_sub_epi32(hsum8i(ibuf[m]), _mm256_set1_epi32(qsum[m]));
         _mm256_store_ps(s[m] + o, _mm256_mul_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(fv, set1(qa[m]))));
       }
-      return;
     }
+  }
+
+  // s[m][o:o+8] = q_m . key_t for the sub-block's tokens j0 <= j < j0 + n (n <= kS; the rest masked later).
+  void score_sub(const Part& p, int64_t j0, int n, int o) {
     decode(p, j0, n);
     const __m256 fv = _mm256_loadu_ps(fs);
     for (int64_t m = 0; m < M; ++m) {
@@ -618,6 +623,7 @@ struct Task {
 
   void score(const Part& p, int64_t j0, int n) {
     if (packed_keys(p, D)) return score_packed(p, j0, n);
+    if (int8_folded(p, D)) return score_i8(p, j0, n);
     for (int o = 0; o < n; o += kS) score_sub(p, j0 + o, std::min(kS, n - o), o);
   }
 
