@@ -20,7 +20,10 @@ forward — for random-weight models, where only memory and speed mean anything)
    attention's peak, :func:`kvbench.footprint.decode_working_set`, and every tensor the step allocates,
    :class:`kvbench.footprint.LiveBytes`). One sequence's need is measured; the batch of
    ``floor(available / that)`` copies is measured again as a batch and grown or shrunk one sequence at a time
-   until it is the largest whose measured need fits;
+   until it is the largest whose measured need fits (``accounted_batch``). That batch then decodes once with
+   the process's RSS checked between steps; stopped or over the budget, it is shrunk by its excess and run
+   again until the process keeps it (:meth:`Bench.keep`; the tries are ``keep_tries``): tensors are not all a
+   process holds, and a fit is what the process kept, not what the accounting admitted;
 2. **throughput**: that many sequences, each a copy of the compressed cache given a question of its own length
    (``question_tokens`` minus 0-3, so rows are ragged and the engine's per-row masks are exercised), decode
    ``steps`` greedy tokens together. Measured: ms per step (median), decode tokens/s (sequences × steps /
@@ -95,6 +98,7 @@ class ThroughputConfig:
     dtype: Optional[str] = None     # noqa: UP045  (null: the hardware profile's dtype)
     attention: str = "auto"         # as engine.attention
     linear: str = "auto"            # as engine.linear
+    reader: str = "auto"            # as engine.reader: what reads a compressed cache (kvbench/fused.py)
     working_copy: bool = True       # as engine.working_copy (quantized stores' dequantized copy of their prefix)
     seed: int = 0
     out: str = "results/perf/throughput.csv"
@@ -157,6 +161,7 @@ def check(cfg: Any) -> list[Any]:
     """Everything that needs no model; returns the strategies (``full`` first)."""
     from kvbench.attention import CHOICES as ATTENTION
     from kvbench.config import resolve_strategies
+    from kvbench.fused import CHOICES as READER
     from kvbench.linear import CHOICES as LINEAR
 
     if cfg.prefill not in PREFILLS:
@@ -165,6 +170,8 @@ def check(cfg: Any) -> list[Any]:
         raise KVBenchError(f"unknown attention {cfg.attention!r}; valid: {', '.join(ATTENTION)}")
     if cfg.linear not in LINEAR:
         raise KVBenchError(f"unknown linear {cfg.linear!r}; valid: {', '.join(LINEAR)}")
+    if cfg.reader not in READER:
+        raise KVBenchError(f"unknown reader {cfg.reader!r}; valid: {', '.join(READER)}")
     for key in ("steps", "repeats", "question_tokens", "chunk_tokens", "max_batch"):
         if int(cfg[key]) < 1:
             raise KVBenchError(f"{key} must be >= 1 (got {cfg[key]})")
@@ -308,6 +315,7 @@ class Bench:
     """The model, its engine and the machine figures shared by every measurement of one run."""
 
     def __init__(self, cfg: Any, hw: Any) -> None:
+        from kvbench import fused
         from kvbench.engine import Engine
         from kvbench.footprint import weight_bytes
         from kvbench.hardware_probe import measure_copy_bandwidth, measure_matmul_flops
@@ -315,6 +323,7 @@ class Bench:
         from kvbench.spec import release_freed_memory
 
         self.cfg, self.device = cfg, str(hw.device)
+        fused.choose(str(cfg.reader))  # for the whole process, as a run's engine.reader
         dtype = str(cfg.dtype or cfg.model.get("dtype") or hw.dtype)
         self.lm = load_model(str(cfg.model.name), dtype=dtype, device=self.device, path=cfg.model.get("path"),
                              seed=int(cfg.seed))
@@ -492,6 +501,23 @@ class Bench:
             break
         return rows, ws
 
+    def keep(self, built: Built, rows: int, budget: int) -> tuple[int, list[str]]:
+        """The largest batch, at most ``rows`` (what the accounting admits, :meth:`capacity`), that the process
+        keeps within ``budget`` when it runs: the batch decodes once, its RSS checked between steps; stopped or
+        over, it is shrunk by its excess over the limit in sequences of the measured need (at least one) and run
+        again. The accounting counts tensors; the process also holds the allocator's pages and slack, so a batch
+        it admits can still cross the budget. Returns the kept size and one "N status" per try."""
+        limit, tries = self.limit(budget), []
+        one = built.measured[min(built.measured)]["need_bytes"] if built.measured else 0
+        while rows > 0:
+            status = self.decode(built, rows, budget)
+            tries.append(f"{rows} {status['budget_status']}")
+            if status["budget_status"] == "fits":
+                break
+            excess = max(0, int(status["peak_rss_bytes"]) - limit)
+            rows -= max(1, math.ceil(excess / one) if one else 1)
+        return max(rows, 0), tries
+
     def limit(self, budget: int) -> int:
         """The most the process may hold under ``budget`` before a batch is stopped (:data:`TOLERANCE`)."""
         return int(budget * (1 + TOLERANCE))
@@ -556,6 +582,7 @@ def roofline_fields(bench: Bench, rows: int, reads: float, held_tokens: float) -
 
 def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
     """Measure every context, budget and strategy of ``cfg``; rows also go to ``out`` as they finish."""
+    from kvbench import fused
     from kvbench.hardware import HardwareProfile
 
     strategies = check(cfg)
@@ -579,7 +606,8 @@ def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
               "tolerance": TOLERANCE, "bandwidth_bytes_per_s": bench.bandwidth,
               "flops_per_s": bench.flops, "flops_dtype": bench.flops_dtype, "threads": torch.get_num_threads(),
               "linear": bench.engine.linear,
-              "attention": bench.engine.attention, "working_copy": bool(cfg.working_copy)}
+              "attention": bench.engine.attention, "reader": fused.reader(),
+              "working_copy": bool(cfg.working_copy)}
     for context in map(int, cfg.contexts):
         limit = bench.lm.max_context
         if limit and context + int(cfg.question_tokens) + int(cfg.steps) > limit:
@@ -591,12 +619,19 @@ def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
         for label, budget in budgets:
             _cuda_budget(bench.device, budget)
             available = budget - bench.baseline - held
-            plan = {}
+            plan, kept = {}, {}
             for b in built:
                 n, ws = bench.capacity(b, available, singles[b.strategy.label()]) if available > 0 else (0, {})
+                accounted, tries = n, []
+                if n:
+                    n, tries = bench.keep(b, n, budget)
+                    if n != accounted:
+                        ws = bench.working_set(b, n) if n else {}
                 plan[b.strategy.label()] = (n, ws)
+                kept[b.strategy.label()] = {"accounted_batch": accounted, "keep_tries": "; ".join(tries)}
                 print(f"  {context} tokens, budget {label} ({budget / 1e9:.3f} GB, {max(available, 0) / 1e9:.3f} GB "
-                      f"for caches): {b.strategy.name} fits {n}", flush=True)
+                      f"for caches): {b.strategy.name} fits {n} (accounting {accounted}; run: "
+                      f"{', '.join(tries) or 'none'})", flush=True)
             probe = _overflow_probe(built, plan)
             for r in range(int(cfg.repeats)):
                 for b, n, ws, is_probe in [(b, *plan[b.strategy.label()], False) for b in built] + \
@@ -607,7 +642,8 @@ def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
                     row = {**common, "context": context, "budget": label, "budget_bytes": budget,
                            "strategy": b.strategy.name,
                            "label": b.strategy.label() + (" (over budget)" if is_probe else ""), "probe": is_probe,
-                           "round": r, "batch": n, "prefill_s": prefill_s, "compress_s": b.compress_s,
+                           "round": r, "batch": n, **({} if is_probe else kept[b.strategy.label()]),
+                           "prefill_s": prefill_s, "compress_s": b.compress_s,
                            "held_bytes": held, "predicted_bytes": predicted,
                            "seq_kv_bytes": single["kv_bytes"], "seq_scratch_bytes": single["scratch_bytes"],
                            "seq_working_set_bytes": single["working_set_bytes"], "seq_need_bytes": single["need_bytes"],

@@ -34,11 +34,13 @@ PERF = ROOT / "results" / "perf"
 # harness's overhead, measured) plus X for caches and the step's temporaries. ``linear=native``: no float32 copies
 # of the weights (513 MiB for SmolLM2-135M, kvbench/linear.py); the prefill is synthetic, so no long GEMM needs
 # them, and a decode step's GEMMs of 3-12 rows take about as long in bf16 as in float32 on this CPU.
+# ``reader=simd``: the vector reader (kvbench/fused.py), whose int8 path takes about half bf16's time per token
+# (results/perf/simd/reader.md); ``auto`` stays the first kernel, which the confirmatory study runs on.
 PARTS = {
     "embedded": ["model=smollm2-135m", "prefill=synthetic", "contexts=[4096,8176]", "strategies=[int8]",
-                 "budget=[process+0.3GB,process+0.6GB]", "linear=native"],
+                 "budget=[process+0.3GB,process+0.6GB]", "linear=native", "reader=simd"],
     "random": ["model=llama-3.2-1b-random", "prefill=synthetic", "contexts=[16384,32768]",
-               "strategies=[int8]", "budget=[process+1.2GB]", "linear=native"],
+               "strategies=[int8]", "budget=[process+1.2GB]", "linear=native", "reader=simd"],
 }
 TOLERANCE = 0.05  # kvbench.throughput.TOLERANCE, for CSVs written before it was a column
 GPU_PROFILE = "server-gpu-80g"
@@ -96,6 +98,8 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             row = {"model": model, "context": context, "budget": budget, "budget_bytes": first["budget_bytes"],
                    "strategy": first["strategy"], "label": label, "batch": int(first["batch"]),
                    "probe": bool(first["probe"]),
+                   "accounted_batch": first.get("accounted_batch", float("nan")),
+                   "keep_tries": first.get("keep_tries", ""),
                    # A row fits only if every round's measured peak did.
                    "status": next((x for x in ("refused", "stopped", "over") if x in statuses), first["budget_status"]),
                    "predicted_bytes": first.get("predicted_bytes", float("nan")),
@@ -147,10 +151,20 @@ def _loaded(first: pd.Series) -> str:
             f"{first['overhead_bytes'] / 1e9:.3f} GB)")
 
 
+def _reader(first: pd.Series) -> str:
+    """The reader the rows ran with (kvbench.fused.READERS), where the CSV records it."""
+    reader = first.get("reader")
+    return f", reader {reader}" if isinstance(reader, str) and reader else ""
+
+
 def _fits(r: pd.Series) -> str:
     """The batch, and unless it fits, why not: over (measured peak past the budget), stopped, refused."""
     n, status = int(r["batch"]), r["status"]
+    accounted = r.get("accounted_batch", float("nan"))
     if status in ("fits", "none"):
+        # Where the process kept fewer than the accounting admitted (kvbench.throughput.Bench.keep), both.
+        if isinstance(accounted, float) and math.isfinite(accounted) and int(accounted) != n:
+            return f"{n} (accounting {int(accounted)}: {r['keep_tries']})"
         return str(n)
     if status == "refused":
         return f"{n}: refused (predicted {r['predicted_bytes'] / 1e9:.2f} GB)"
@@ -167,7 +181,7 @@ def render(frames: dict[str, pd.DataFrame], out: Path) -> None:
         commit = "" if not isinstance(commit, str) or not commit else f" (commit {commit})"
         lines += [f"Part `{name}`{commit}: `{command}`; "
                   f"{first['model']} in {first['dtype']} on {first['device']}, {int(first['threads'])} threads, "
-                  f"engine.linear={first['linear']}, attention={first['attention']}; weights as held "
+                  f"engine.linear={first['linear']}, attention={first['attention']}{_reader(first)}; weights as held "
                   f"{first['weights_bytes'] / 1e9:.3f} GB{_loaded(first)}; measured at the start: copy bandwidth "
                   f"{first['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, {first.get('flops_dtype', 'float32')} matmul "
                   f"{first['flops_per_s'] / 1e9:.1f} GFLOP/s.", ""]
@@ -182,10 +196,12 @@ def render(frames: dict[str, pd.DataFrame], out: Path) -> None:
         "the rounds' log ratios.", "",
         "The budget is what the whole process may hold: the process as loaded (weights as held + the harness's "
         "overhead, measured as the RSS before any cache minus the weights), the templates the harness keeps, "
-        "and the batch's need (stored bytes + scratch + the step's temporaries, `kvbench/throughput.py`). `fits` "
-        "is the largest batch whose predicted total is within the budget, and it counts only when the run's "
-        f"measured peak RSS stays within the budget (+{TOLERANCE:.0%}): a row past it is marked `over`, not a "
-        "fit; the RSS is checked between decode steps and a batch past the limit is `stopped`. "
+        "and the batch's need (stored bytes + scratch + the step's temporaries, `kvbench/throughput.py`). The "
+        "accounting admits the largest batch whose predicted total is within the budget; that batch then runs "
+        "once with the process's RSS checked between decode steps and, stopped or over, is shrunk by its excess "
+        "until the process keeps it: `fits` is the batch kept (\"accounting N\" and the tries where it admitted "
+        f"more). It counts only when every round's measured peak RSS stays within the budget (+{TOLERANCE:.0%}): "
+        "a row past it is marked `over`, not a fit; a batch past the limit between steps is `stopped`. "
         "`full (at int8's batch)` is `full` given the batch int8 fits: predicted over the budget, it is "
         "`refused` before it starts — an overflow stops inference. (Rows whose CSV predates this accounting "
         "sized batches by the budget minus the weights only; their status is read from their peak RSS.) "

@@ -24,7 +24,7 @@ def test_parse_size_rejects(bad):
         throughput.parse_size(bad)
 
 
-@pytest.mark.parametrize("overrides", [["bogus=1"], ["budget=3XB"], ["prefill=dense"], ["steps=0"],
+@pytest.mark.parametrize("overrides", [["bogus=1"], ["budget=3XB"], ["prefill=dense"], ["steps=0"], ["reader=fast"],
                                        ["strategies=[nope]"],
                                        ["model=tiny-llama", "prefill=synthetic", "strategies=[snapkv]"]])
 def test_bad_input_is_one_line_and_status_2(overrides, capsys):
@@ -127,6 +127,9 @@ def test_run_writes_one_row_per_strategy_budget_context_and_round(tmp_path, caps
     assert (fitted["budget_status"] == "fits").all()
     assert (fitted["peak_rss_bytes"] <= fitted["budget_bytes"] * (1 + throughput.TOLERANCE)).all()
     assert (fitted["tokens_per_s"] > 0).all() and (fitted["kv_read_bytes"] > 0).all()
+    # The batch served is the one the process kept: at most what the accounting admitted, its last try a fit.
+    assert (fitted["batch"] <= fitted["accounted_batch"]).all()
+    assert all(t.split("; ")[-1] == f"{n} fits" for t, n in zip(fitted["keep_tries"], fitted["batch"], strict=True))
     # The roofline's compute rate: a decode step's product measured at each served batch (one figure per batch).
     assert (fitted["decode_flops_per_s"] > 0).all()
     assert fitted.groupby("batch")["decode_flops_per_s"].nunique().max() == 1
@@ -209,3 +212,25 @@ def test_the_matmul_rate_is_measured_in_the_dtype_the_linear_layers_compute_in(l
     assert b.dtype == torch.bfloat16 and b.engine.linear == linear and b.flops_dtype == expected
     assert b.flops > 0 and b.decode_flops(MIN_ROWS) > 0 and b.decode_flops(1) > 0
     assert b.decode_flops(MIN_ROWS) is b.decode_flops(MIN_ROWS)  # measured once per batch size
+
+
+def test_a_batch_the_process_does_not_keep_is_shrunk_until_it_does(bench, monkeypatch):
+    """The accounting admits a batch; the process may still cross the budget (pages, allocator slack). The batch
+    that crossed is shrunk by its excess, in sequences of one sequence's need, and run again until it fits."""
+    cfg, b = bench
+    built, _ = b.build(throughput.check(cfg), 64)
+    one = built[1]
+    per = b.working_set(one, 1)["need_bytes"]
+    budget = 10 * per
+    limit = b.limit(budget)
+
+    def decode(built, rows, budget=None):  # a process that holds 2 sequences' worth more than the accounting
+        peak = limit + (rows - 6) * per if rows > 6 else limit
+        return {"budget_status": "stopped" if rows > 6 else "fits", "peak_rss_bytes": peak}
+
+    monkeypatch.setattr(b, "decode", decode)
+    assert b.keep(one, 9, budget) == (6, ["9 stopped", "6 fits"])  # 3 sequences over: 3 fewer
+    assert b.keep(one, 6, budget) == (6, ["6 fits"])
+    monkeypatch.setattr(b, "decode", lambda built, rows, budget=None: {"budget_status": "over",
+                                                                        "peak_rss_bytes": limit + 1})
+    assert b.keep(one, 2, budget) == (0, ["2 over", "1 over"])  # at least one fewer a try; none kept
