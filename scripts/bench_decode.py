@@ -54,6 +54,7 @@ from kvbench.attention import NAME
 from kvbench.config import strategy_params
 from kvbench.engine import Engine, attached, query_window_for
 from kvbench.hardware_probe import measure_copy_bandwidth
+from kvbench.kernels import cpu_description
 from kvbench.models import load_model
 from kvbench.results import atomic_write_text
 from kvbench.tasks.base import build_samples
@@ -62,6 +63,7 @@ from kvbench.workingset import WorkingSet
 ROOT = Path(__file__).resolve().parents[1]
 GB = 1e9
 READERS = {"fused": "fused C++ reader (`kvbench/fused_attend.cpp`)",
+           "fused-simd": "vector reader (`kvbench/fused_simd.cpp`, `engine.reader=simd`)",
            "blocks": "PyTorch block reader (`kvbench/blockattn.py`; no compiler, or KVBENCH_FUSED=0)"}
 # Decode time vs `full` at 4K, issue 41's targets.
 ISSUE41 = {"int8": 1.15, "int4": 1.3, "int2": 1.3, "fp8": 1.3, "bfp": 1.3, "quant_recompute": 1.3}
@@ -173,6 +175,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: on a shared, oversubscribed machine two threads mostly wait on each "
                          "other)")
+    ap.add_argument("--reader", default="auto", choices=fused.CHOICES,
+                    help="what reads a stored cache under kvbench attention (engine.reader, kvbench/fused.py)")
     ap.add_argument("--out", default=str(ROOT / "results" / "perf"))
     ap.add_argument("--tag", default="", help="suffix of the output names: decode<tag>.md, decode<tag>.csv")
     args = ap.parse_args()
@@ -182,9 +186,11 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown strategies {unknown}; valid: {', '.join(registry.available())}")
     torch.set_num_threads(args.threads)
+    fused.choose(args.reader)
     load_start = os.getloadavg()
     bandwidth = measure_copy_bandwidth(256 * 2**20, repeats=5)
     auto = attention.resolve("auto", "cpu")
+    cpu = cpu_description()  # the ratios are this machine's (a slow bf16 SDPA call, or AMX, moves them)
     records: list[dict[str, Any]] = []
     weights: dict[str, int] = {}  # per dtype: every section's limit uses its own
     for dtype in args.dtypes.split(","):
@@ -211,7 +217,7 @@ def main() -> None:
                                 "compress_s": row.compress_s, "seconds": row.seconds,
                                 "cpu_seconds": row.cpu_seconds,
                                 "tokens_equal": row.tokens == rows[0].tokens, "limit_ms": limit_ms,
-                                "reader": fused.reader()})
+                                "reader": fused.reader(), "cpu": cpu})
                 row.close()
             print(f"{dtype} {context}: done", flush=True)
             del pre, rows
@@ -244,7 +250,8 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, bandwidth: float
 
     lines = [
         "# Decode speed (measured by `scripts/bench_decode.py`)", "",
-        f"SmolLM2-135M, CPU, {rows[0]['threads']} torch thread(s), one `legal` sample per context length, "
+        f"SmolLM2-135M, CPU ({rows[0]['cpu']}), {rows[0]['threads']} torch thread(s), one `legal` sample per "
+        "context length, "
         f"{args.steps} timed decode steps per row after the question pass, rows stepped in turn. Memory copy "
         f"bandwidth measured at the start: {bandwidth:.1f} GB/s; weights "
         f"{', '.join(f'{w / 1e6:.0f} MB in {d}' for d, w in weights.items())}. Load average "
