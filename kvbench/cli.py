@@ -208,7 +208,7 @@ Groups (select with group=name, override settings with group.key=value):
 {groups}
 Other keys: seed, results_dir, engine.prefill (shared|chunked), engine.chunk_tokens, engine.warmup,
   engine.reuse_baseline, engine.progress, engine.attention (auto|sdpa|kvbench),
-  engine.linear (auto|native|float32), strategies, strategies_params.
+  engine.linear (auto|native|float32|upcast), strategies, strategies_params.
 
 Tools:
 {tools}

@@ -50,7 +50,7 @@ class EngineConfig:
     max_new_samples: int = 0      # stop after this many not-yet-done samples (0: all); not part of the run's identity
     working_copy: bool = True     # quantized stores keep a dequantized copy of their prefix (reported as scratch_bytes)
     attention: str = "auto"       # auto | sdpa | kvbench: attention for decode/short queries (kvbench/attention.py)
-    linear: str = "auto"          # auto | native | float32: 16-bit linears as float32 GEMMs on CPU (kvbench/linear.py)
+    linear: str = "auto"          # auto | native | float32 | upcast: 16-bit linears in float32 (kvbench/linear.py)
     reader: str = "auto"          # auto | simd | fused | blocks: what reads a stored cache (kvbench/fused.py READERS)
     warmup: bool = True           # one short forward before timing anything
     reuse_baseline: bool = True   # reuse stored `full` results keyed by everything that determines them

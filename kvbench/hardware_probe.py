@@ -76,19 +76,25 @@ def measure_matmul_flops(n: int, dtype: str, repeats: int = 5, device: str = "cp
 
 
 def measure_linear_flops(rows: int, in_features: int, out_features: int, dtype: str, repeats: int = 20,
-                         device: str = "cpu") -> float:
-    """FLOP/s of ``torch.nn.functional.linear`` at one layer's shape: ``rows`` inputs of ``in_features`` times an
-    ``[out_features, in_features]`` weight (2 · rows · in · out FLOPs), median of ``repeats``. A decode step's
-    products have one row per sequence, and their attainable rate is not the square matmul's (a skinny product
-    is dispatched to other kernels; without native bf16 instructions a bf16 one runs far below float32's)."""
+                         device: str = "cpu", path: str = "native") -> float:
+    """FLOP/s of one linear layer at its shape: ``rows`` inputs of ``in_features`` times an ``[out_features,
+    in_features]`` weight of ``dtype`` (2 · rows · in · out FLOPs), median of ``repeats``, computed as
+    ``engine.linear=path`` computes it (:mod:`kvbench.linear`: ``native``, in ``dtype``; ``upcast``, a 16-bit
+    weight upcast to float32 at each call, the conversion timed with the product). A decode step's products have
+    one row per sequence, and their attainable rate is not the square matmul's (a skinny product is dispatched to
+    other kernels; without native bf16 instructions a bf16 one runs far below float32's)."""
     import torch
-    import torch.nn.functional as F
+
+    from kvbench import linear
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(rows, in_features, generator=gen).to(device=device, dtype=getattr(torch, dtype))
-    w = torch.randn(out_features, in_features, generator=gen).to(device=device, dtype=getattr(torch, dtype))
+    layer = torch.nn.Linear(in_features, out_features, bias=False).to(device=device, dtype=getattr(torch, dtype))
+    if path != "native":
+        linear.use(torch.nn.Sequential(layer), path, device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else None
-    seconds = _median_seconds(lambda: F.linear(x, w), repeats, sync)
+    with torch.inference_mode():
+        seconds = _median_seconds(lambda: layer(x), repeats, sync)
     return 2.0 * rows * in_features * out_features / seconds
 
 

@@ -33,6 +33,8 @@ def test_resolve_by_device_and_dtype() -> None:
     assert linear.resolve("auto", "cpu", f32) == "native"          # nothing 16-bit to upcast
     assert linear.resolve("float32", "cuda", bf16) == "native"     # accelerators have 16-bit GEMMs
     assert linear.resolve("native", "cpu", bf16) == "native"
+    assert linear.resolve("upcast", "cpu", bf16) == "upcast"
+    assert linear.resolve("upcast", "cpu", f32) == linear.resolve("upcast", "cuda", bf16) == "native"
     with pytest.raises(KVBenchError, match="valid: auto, native, float32"):
         linear.resolve("fp32", "cpu", bf16)
 
@@ -94,3 +96,29 @@ def test_linear_subclasses_keep_their_own_forward() -> None:
     with torch.inference_mode():
         logits = model(input_ids=torch.randint(1, 255, (1, 24))).logits
     assert logits.shape == (1, 24, 256) and torch.isfinite(logits).all()
+
+
+def test_upcast_computes_float32_products_in_slices_and_holds_no_copies(monkeypatch) -> None:
+    """``upcast``: the float32 products of ``float32`` (within one bf16 rounding of the exact product), with the
+    weight converted a slice of output rows at a time at each call; nothing held beside the 16-bit weights, one
+    row native bit for bit, and ``native`` restores the class's forward."""
+    from kvbench.footprint import weight_bytes
+
+    monkeypatch.setattr(linear, "UPCAST_BYTES", 4 * 64 * 5)  # 5 output rows a slice: 48 rows in 10 slices
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48).to(torch.bfloat16)
+    model = torch.nn.Sequential(lin)
+    plain = weight_bytes(model)
+    x = torch.randn(2, 7, 64).to(torch.bfloat16)
+    assert linear.use(model, "upcast", "cpu") == "upcast"
+    assert lin.forward.rows == 5 and weight_bytes(model) == plain
+    out = lin(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 7, 48)
+    exact = x.double() @ lin.weight.double().T + lin.bias.double()
+    assert ((out.double() - exact).abs() <= exact.abs() * 2.0 ** -7 + 1e-30).all()
+    # A slice boundary dropped or shifted would put whole columns far off: each slice is the float32 product.
+    whole = F.linear(x.float(), lin.weight.float(), lin.bias.float()).to(torch.bfloat16)
+    assert torch.equal(out, whole)
+    one = x[:1, :1]
+    assert torch.equal(lin(one), F.linear(one, lin.weight, lin.bias))
+    assert linear.use(model, "native", "cpu") == "native" and "forward" not in lin.__dict__

@@ -198,7 +198,7 @@ def test_synthetic_templates_are_not_held_while_a_batch_decodes(tmp_path):
     assert caches[0].kv_bytes() >= before[0] and built[0].cache is None
 
 
-@pytest.mark.parametrize("linear, expected", [("native", "bfloat16"), ("float32", "float32")])
+@pytest.mark.parametrize("linear, expected", [("native", "bfloat16"), ("float32", "float32"), ("upcast", "float32")])
 def test_the_matmul_rate_is_measured_in_the_dtype_the_linear_layers_compute_in(linear, expected):
     """A bf16 model whose linear layers run natively is timed in bf16 (on a CPU without bf16 instructions its GEMMs
     run tens of times below float32's, so a float32 figure put the roofline far above the run); with float32
