@@ -33,9 +33,9 @@ PERF = ROOT / "results" / "perf"
 # Budgets are the whole process's (kvbench.throughput): ``process+X`` is the process as loaded (weights and the
 # harness's overhead, measured) plus X for caches and the step's temporaries. ``linear=upcast``: float32 products
 # without held float32 copies of the weights (513 MiB for SmolLM2-135M, kvbench/linear.py): on a CPU without bf16
-# instructions the native bf16 GEMM of a batched decode step runs a product per row (bf16 matmul ~1 GFLOP/s on an
-# AVX2 EPYC; a 2-step run under load: `full` x 3 took 450 ms a step, int8 x 6 1,770 ms), so native would time the
-# GEMM, not the cache; upcast converts each weight at each call, a few MB at a time.
+# instructions the native bf16 product of a batched decode step runs at about a third of float32's (an AVX2 EPYC,
+# one thread, 576 -> 1,536 at 6 rows: bf16 9.6 GFLOP/s, upcast 17.9, float32 copies 32.5), so native would time
+# the GEMM more than the cache; upcast converts each weight at each call, a few MB at a time.
 # ``reader=simd``: the vector reader (kvbench/fused.py), whose int8 path takes about half bf16's time per token
 # (results/perf/simd/reader.md); ``auto`` stays the first kernel, which the confirmatory study runs on.
 PARTS = {
