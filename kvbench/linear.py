@@ -14,19 +14,23 @@ weights are twice the bytes. The float32 copies cost 4 bytes per parameter of ho
 135M-parameter model); ``auto`` uses them only on CPU, for 16-bit models, and only while they take at most a
 quarter of the machine's memory (``engine.linear=native`` turns them off).
 
-``upcast`` computes the same float32 products without holding the copies: each call upcasts its 16-bit weight
-a slice of output rows at a time (at most :data:`UPCAST_BYTES` of float32 at once) and multiplies by it. It
-reads the 16-bit weights (half of ``float32``'s bytes) and converts them on every call, so a product of a few
-rows runs near ``float32``'s speed where the native bf16 GEMM, on a CPU without bf16 instructions, runs a
-matrix-vector product per row (on an AVX2 EPYC, 1,536 x 576 at 6 rows, one thread: bf16 1.7 ms, float32 copies
-0.35 ms, upcast 0.65 ms), for a few MB of temporaries instead of 4 bytes per parameter held: what a memory budget
-wants (``kvbench throughput``). Its sums run over slices of output rows, not the whole matrix: rounding-level
-differences from ``float32``, so it is its own run identity.
+``upcast`` computes float32 products without holding the copies. A product of at most
+``linear_rows.max_rows()`` rows (a decode step's batch, one row included) runs in ``linear_rows.cpp``: each bf16
+weight row is read once for every input row and converted in registers, so a batch of sequences reads the
+weights once, as a GPU's GEMM does, where PyTorch's bf16 product on a CPU without bf16 instructions reads them
+once per row. A longer product (a prefill) upcasts its weight a slice of output rows at a time (at most
+:data:`UPCAST_BYTES` of float32 at once) and multiplies by it. Nothing is held beside the 16-bit weights: what a
+memory budget wants (``kvbench throughput``). Its sums run in other orders than ``float32``'s: rounding-level
+differences, so it is its own run identity; where the kernel cannot be built (no compiler, ``KVBENCH_FUSED=0``,
+float16 weights) every product takes the slices, and the choice resolves to ``upcast-slices``, another identity.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +43,7 @@ MIN_ROWS = 2
 #: model in one or two slices, a 49K-token vocabulary's head in about ten; each slice a GEMM large enough to run at
 #: the float32 rate).
 UPCAST_BYTES = 8 * 2**20
+ROWS_SOURCE = Path(__file__).with_name("linear_rows.cpp")
 _SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 
 
@@ -57,17 +62,37 @@ class _Float32Linear:
         return F.linear(x.float(), self.weight, self.bias).to(x.dtype)
 
 
-class _UpcastLinear:
-    """The bound ``forward`` of one :class:`torch.nn.Linear` computed in float32 over its 16-bit weight upcast a
-    slice of output rows at a time (``engine.linear=upcast``): no float32 copy is held."""
+@functools.cache
+def rows_kernel() -> Any | None:
+    """``linear_rows.cpp``, built on first use (:mod:`kvbench.kernels`); ``None`` where it cannot be, or with
+    ``KVBENCH_FUSED=0`` (the switch of every kvbench kernel, :func:`kvbench.fused.enabled`)."""
+    from kvbench import fused, kernels
 
-    def __init__(self, module: torch.nn.Linear) -> None:
+    if not fused.enabled():
+        return None
+    return kernels.load("kvbench_linear_rows", [ROWS_SOURCE], fused.FLAGS, ["-fopenmp"])
+
+
+class _UpcastLinear:
+    """The bound ``forward`` of one :class:`torch.nn.Linear` computed in float32 over its 16-bit weight, converted
+    as it is read (``engine.linear=upcast``): a few rows by :func:`rows_kernel`, more a slice of output rows at a
+    time; no float32 copy is held."""
+
+    def __init__(self, module: torch.nn.Linear, kernel: Any | None) -> None:
         self.module = module
         self.rows = max(1, UPCAST_BYTES // (4 * module.in_features))
+        self.kernel = kernel if module.weight.dtype == torch.bfloat16 else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = self.module
-        if x.numel() < MIN_ROWS * m.in_features or x.dtype not in _SIXTEEN_BIT:
+        if x.dtype not in _SIXTEEN_BIT:
+            return F.linear(x, m.weight, m.bias)
+        rows = x.numel() // m.in_features
+        if self.kernel is not None and rows <= self.kernel.max_rows() and x.is_cpu:
+            out = self.kernel.linear_rows(x.reshape(rows, m.in_features).float().contiguous(),
+                                          m.weight.contiguous(), m.bias)
+            return out.to(x.dtype).reshape(*x.shape[:-1], m.out_features)
+        if rows < MIN_ROWS:
             return F.linear(x, m.weight, m.bias)
         x32, w, b = x.float(), m.weight, m.bias
         out = x.new_empty(*x.shape[:-1], m.out_features)
@@ -77,7 +102,7 @@ class _UpcastLinear:
         return out
 
 
-_PATHS = {"float32": _Float32Linear, "upcast": _UpcastLinear}
+_PATHS = {"float32": _Float32Linear, "upcast": _UpcastLinear, "upcast-slices": _UpcastLinear}
 
 
 def _sixteen_bit_params(model: torch.nn.Module) -> int:
@@ -103,7 +128,9 @@ def resolve(choice: str, device: str, model: torch.nn.Module | None = None) -> s
         return "native"  # float32 models have nothing to upcast; accelerators have 16-bit GEMMs
     if choice == "auto" and 4 * n16 * 4 > _memory_bytes():
         return "native"
-    return "upcast" if choice == "upcast" else "float32"
+    if choice == "upcast":
+        return "upcast" if rows_kernel() is not None else "upcast-slices"
+    return "float32"
 
 
 def use(model: torch.nn.Module | None, choice: str, device: str) -> str:
@@ -118,8 +145,13 @@ def use(model: torch.nn.Module | None, choice: str, device: str) -> str:
             continue
         path = _PATHS.get(name)
         if path is not None and m.weight.dtype in _SIXTEEN_BIT:
-            if not isinstance(m.__dict__.get("forward"), path):
-                m.forward = path(m)
+            current = m.__dict__.get("forward")
+            if path is _Float32Linear and not isinstance(current, path):
+                m.forward = _Float32Linear(m)
+            elif path is _UpcastLinear:
+                kernel = rows_kernel() if name == "upcast" else None
+                if not (isinstance(current, path) and current.kernel is kernel):
+                    m.forward = _UpcastLinear(m, kernel)
         elif isinstance(m.__dict__.get("forward"), tuple(_PATHS.values())):
             del m.forward  # back to the class's own forward
     return name

@@ -336,7 +336,7 @@ class Bench:
         # The rate of the products the model's linear layers compute, in the dtype they compute in: float32 where
         # engine.linear holds float32 copies, else the model's own (a bf16 GEMM on a CPU without bf16 instructions
         # runs tens of times below float32's, so a float32 figure would put the roofline far above the run).
-        self.flops_dtype = ("float32" if self.engine.linear in ("float32", "upcast")
+        self.flops_dtype = ("float32" if self.engine.linear in ("float32", "upcast", "upcast-slices")
                             else str(self.dtype).removeprefix("torch."))
         self.flops = measure_matmul_flops(1024, self.flops_dtype, device=self.device)
         self._decode_flops: dict[int, float] = {}
@@ -363,12 +363,15 @@ class Bench:
         from kvbench.linear import MIN_ROWS
 
         if rows not in self._decode_flops:
-            upcast = self.engine.linear == "upcast" and rows >= MIN_ROWS  # timed with its per-call conversion
-            dtype = self.flops_dtype if rows >= MIN_ROWS and not upcast else str(self.dtype).removeprefix("torch.")
+            native = str(self.dtype).removeprefix("torch.")
+            if self.engine.linear.startswith("upcast"):  # timed as the step runs it, the conversion included
+                dtype, path = native, "upcast"
+            else:
+                dtype, path = (self.flops_dtype if rows >= MIN_ROWS else native), "native"
             hidden = int(self.lm.config.hidden_size)
             inner = int(getattr(self.lm.config, "intermediate_size", None) or 4 * hidden)  # the usual MLP width
             self._decode_flops[rows] = measure_linear_flops(rows, hidden, inner, dtype, device=self.device,
-                                                            path="upcast" if upcast else "native")
+                                                            path=path)
         return self._decode_flops[rows]
 
     # ---------------------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ def test_resolve_by_device_and_dtype() -> None:
     assert linear.resolve("auto", "cpu", f32) == "native"          # nothing 16-bit to upcast
     assert linear.resolve("float32", "cuda", bf16) == "native"     # accelerators have 16-bit GEMMs
     assert linear.resolve("native", "cpu", bf16) == "native"
-    assert linear.resolve("upcast", "cpu", bf16) == "upcast"
+    assert linear.resolve("upcast", "cpu", bf16) == ("upcast" if linear.rows_kernel() else "upcast-slices")
     assert linear.resolve("upcast", "cpu", f32) == linear.resolve("upcast", "cuda", bf16) == "native"
     with pytest.raises(KVBenchError, match="valid: auto, native, float32"):
         linear.resolve("fp32", "cpu", bf16)
@@ -98,20 +98,21 @@ def test_linear_subclasses_keep_their_own_forward() -> None:
     assert logits.shape == (1, 24, 256) and torch.isfinite(logits).all()
 
 
-def test_upcast_computes_float32_products_in_slices_and_holds_no_copies(monkeypatch) -> None:
-    """``upcast``: the float32 products of ``float32`` (within one bf16 rounding of the exact product), with the
-    weight converted a slice of output rows at a time at each call; nothing held beside the 16-bit weights, one
-    row native bit for bit, and ``native`` restores the class's forward."""
+def test_upcast_slices_compute_float32_products_and_hold_no_copies(monkeypatch) -> None:
+    """``upcast`` without its kernel (``upcast-slices``): the float32 products of ``float32`` (within one bf16
+    rounding of the exact product), the weight converted a slice of output rows at a time at each call; nothing
+    held beside the 16-bit weights, one row native bit for bit, and ``native`` restores the class's forward."""
     from kvbench.footprint import weight_bytes
 
+    monkeypatch.setattr(linear, "rows_kernel", lambda: None)
     monkeypatch.setattr(linear, "UPCAST_BYTES", 4 * 64 * 5)  # 5 output rows a slice: 48 rows in 10 slices
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 48).to(torch.bfloat16)
     model = torch.nn.Sequential(lin)
     plain = weight_bytes(model)
     x = torch.randn(2, 7, 64).to(torch.bfloat16)
-    assert linear.use(model, "upcast", "cpu") == "upcast"
-    assert lin.forward.rows == 5 and weight_bytes(model) == plain
+    assert linear.use(model, "upcast", "cpu") == "upcast-slices"
+    assert lin.forward.rows == 5 and lin.forward.kernel is None and weight_bytes(model) == plain
     out = lin(x)
     assert out.dtype == torch.bfloat16 and out.shape == (2, 7, 48)
     exact = x.double() @ lin.weight.double().T + lin.bias.double()
@@ -122,3 +123,36 @@ def test_upcast_computes_float32_products_in_slices_and_holds_no_copies(monkeypa
     one = x[:1, :1]
     assert torch.equal(lin(one), F.linear(one, lin.weight, lin.bias))
     assert linear.use(model, "native", "cpu") == "native" and "forward" not in lin.__dict__
+
+
+def test_upcast_kernel_reads_a_few_rows_against_bf16_weights() -> None:
+    """``linear_rows.cpp``: up to ``max_rows()`` rows (one included) times a bf16 weight, each weight row read
+    once for all of them, in float32: within one bf16 rounding of the exact product, bias added, any leading
+    shape; more rows take the slices; float16 weights never reach it. Its result is not ``float32``'s bit for bit
+    (another order of sums), which is why ``upcast`` is its own run identity."""
+    from kvbench.footprint import weight_bytes
+
+    kernel = linear.rows_kernel()
+    if kernel is None:
+        pytest.skip("no C++ toolchain for kvbench/linear_rows.cpp (or KVBENCH_FUSED=0)")
+    torch.manual_seed(0)
+    for in_features, bias in ((64, True), (72, False), (20, True)):  # 20: not a multiple of 8, the scalar loop
+        lin = torch.nn.Linear(in_features, 37, bias=bias).to(torch.bfloat16)
+        model = torch.nn.Sequential(lin)
+        plain = weight_bytes(model)
+        assert linear.use(model, "upcast", "cpu") == "upcast"
+        assert lin.forward.kernel is kernel and weight_bytes(model) == plain
+        for rows in (1, 2, 8, 9, kernel.max_rows(), kernel.max_rows() + 3):
+            x = torch.randn(1, rows, in_features).to(torch.bfloat16)
+            out = lin(x)
+            assert out.dtype == torch.bfloat16 and out.shape == (1, rows, 37)
+            exact = x.double() @ lin.weight.double().T + (lin.bias.double() if bias else 0)
+            assert ((out.double() - exact).abs() <= exact.abs() * 2.0 ** -7 + 1e-6).all(), (in_features, rows)
+        # A row of the weight read for the wrong output, or an input row for another: whole entries far off.
+        x = torch.randn(3, in_features).to(torch.bfloat16)
+        got = kernel.linear_rows(x.float(), lin.weight.contiguous(), lin.bias)
+        want = x.float() @ lin.weight.float().T + (lin.bias.float() if bias else 0)
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    half = torch.nn.Linear(64, 8).to(torch.float16)
+    linear.use(torch.nn.Sequential(half), "upcast", "cpu")
+    assert half.forward.kernel is None  # float16 weights take the slices
