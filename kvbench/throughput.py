@@ -74,6 +74,9 @@ RAGGED = 4
 #: A row fits when its measured peak is at most ``budget * (1 + TOLERANCE)``: RSS counts pages, the allocator's
 #: slack and what the sampler misses between samples, which no prediction of tensor bytes can hold to the byte.
 TOLERANCE = 0.05
+#: How many times, per context and budget, a batch that the process stops keeping in a round (stopped or over) is
+#: kept again smaller and the rounds started again; past that, the rows are served and marked as they ran.
+MAX_REKEEPS = 3
 
 
 @dataclass
@@ -513,16 +516,20 @@ class Bench:
         over, it is shrunk by its excess over the limit in sequences of the measured need (at least one) and run
         again. The accounting counts tensors; the process also holds the allocator's pages and slack, so a batch
         it admits can still cross the budget. Returns the kept size and one "N status" per try."""
-        limit, tries = self.limit(budget), []
-        one = built.measured[min(built.measured)]["need_bytes"] if built.measured else 0
+        tries: list[str] = []
         while rows > 0:
             status = self.decode(built, rows, budget)
             tries.append(f"{rows} {status['budget_status']}")
             if status["budget_status"] == "fits":
                 break
-            excess = max(0, int(status["peak_rss_bytes"]) - limit)
-            rows -= max(1, math.ceil(excess / one) if one else 1)
+            rows = self.shrink(built, rows, int(status["peak_rss_bytes"]), budget)
         return max(rows, 0), tries
+
+    def shrink(self, built: Built, rows: int, peak: int, budget: int) -> int:
+        """``rows`` less the sequences of the measured need that ``peak`` passed the limit by (at least one)."""
+        one = built.measured[min(built.measured)]["need_bytes"] if built.measured else 0
+        excess = max(0, peak - self.limit(budget))
+        return rows - max(1, math.ceil(excess / one) if one else 1)
 
     def limit(self, budget: int) -> int:
         """The most the process may hold under ``budget`` before a batch is stopped (:data:`TOLERANCE`)."""
@@ -639,7 +646,10 @@ def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
                       f"for caches): {b.strategy.name} fits {n} (accounting {accounted}; run: "
                       f"{', '.join(tries) or 'none'})", flush=True)
             probe = _overflow_probe(built, plan)
-            for r in range(int(cfg.repeats)):
+            done: list[dict[str, Any]] = []  # this context and budget's rows so far
+            r = rekept = 0
+            while r < int(cfg.repeats):
+                shrunk = None
                 for b, n, ws, is_probe in [(b, *plan[b.strategy.label()], False) for b in built] + \
                         ([(*probe, True)] if probe and r == 0 else []):
                     single = singles[b.strategy.label()]
@@ -679,7 +689,28 @@ def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
                         if d["budget_status"] == "over":
                             print(f"  {b.strategy.name} x {n}: not a fit: peak RSS {d['peak_rss_bytes'] / 1e9:.3f} GB "
                                   f"> budget {budget / 1e9:.3f} GB (+{TOLERANCE:.0%})", flush=True)
-                    rows.append(row)
+                        if d["budget_status"] != "fits" and not is_probe and rekept < MAX_REKEEPS:
+                            shrunk = (b, n, d)
+                            break
+                    done.append(row)
+                if shrunk is None:
+                    r += 1
+                    continue
+                # The process no longer keeps a batch it kept before (its heap has grown with the batches run
+                # since): kept again, smaller, and every round starts again, so that all rounds serve one batch.
+                b, n, d = shrunk
+                rekept += 1
+                name = b.strategy.label()
+                n2, tries = bench.keep(b, bench.shrink(b, n, int(d["peak_rss_bytes"]), budget), budget)
+                plan[name] = (n2, bench.working_set(b, n2) if n2 else {})
+                kept[name] = {"accounted_batch": kept[name]["accounted_batch"],
+                              "keep_tries": "; ".join([kept[name]["keep_tries"], f"{n} {d['budget_status']} in round "
+                                                       f"{r + 1}", *tries])}
+                print(f"  {b.strategy.name} x {n}: {d['budget_status']} in round {r + 1}; kept again: {n2} "
+                      f"({', '.join(tries) or 'none'}); the rounds start again", flush=True)
+                probe = _overflow_probe(built, plan)
+                done, r = [], 0
+            rows.extend(done)
             write_csv(rows, out)
         del built
     return rows

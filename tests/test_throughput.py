@@ -234,3 +234,37 @@ def test_a_batch_the_process_does_not_keep_is_shrunk_until_it_does(bench, monkey
     monkeypatch.setattr(b, "decode", lambda built, rows, budget=None: {"budget_status": "over",
                                                                         "peak_rss_bytes": limit + 1})
     assert b.keep(one, 2, budget) == (0, ["2 over", "1 over"])  # at least one fewer a try; none kept
+
+
+def test_a_batch_the_process_stops_keeping_in_a_round_is_kept_again_and_the_rounds_restart(tmp_path, monkeypatch):
+    """A batch kept once can cross the budget in a later round (the heap grows with the batches run since): it is
+    kept again, smaller, and every round starts again, so every round serves the same batches and each round's
+    gain is still a ratio within one stretch of time."""
+    import pandas as pd
+
+    real = throughput.Bench.decode
+    calls: dict[tuple[str, int], int] = {}
+    stopped: list[int] = []
+
+    def decode(self, built, rows, budget=None):
+        key = (built.strategy.name, rows)
+        calls[key] = calls.get(key, 0) + 1
+        out = real(self, built, rows, budget)
+        if built.strategy.name == "int8" and calls[key] == 2 and rows > 1 and not stopped:  # first timed round
+            stopped.append(rows)
+            out = {**out, "budget_status": "stopped", "steps_done": 0, "stop_line": "int8: stopped (test)",
+                   "peak_rss_bytes": self.limit(budget) + 1}
+        return out
+
+    monkeypatch.setattr(throughput.Bench, "decode", decode)
+    out = tmp_path / "t.csv"
+    assert throughput.main(["model=tiny-llama", "strategies=[int8]", "contexts=[64]", "budget=process+200KB",
+                            "steps=2", "repeats=2", "question_tokens=4", f"out={out}"]) == 0
+    df = pd.read_csv(out)
+    served = df[~df["probe"]]
+    int8 = served[served["strategy"] == "int8"]
+    assert sorted(served["round"]) == [0, 0, 1, 1] and int8["batch"].nunique() == 1
+    first = int(int8["accounted_batch"].iloc[0])
+    assert int(int8["batch"].iloc[0]) < first
+    assert f"{first} stopped in round 1" in int8["keep_tries"].iloc[0]
+    assert (served["budget_status"] == "fits").all()
