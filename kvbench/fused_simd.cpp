@@ -248,6 +248,18 @@ inline void unpack_row(const uint8_t* x, int64_t bytes, __m256i* V) {
   }
 }
 
+// int4 key rows of whole 32-byte pieces as scored (Task::nib): piece k's low nibbles (channels 64k + 2i, byte i)
+// as vector 2k, its high ones (64k + 2i + 1) as 2k + 1: one shift and two masks a piece, no byte unpacking (the
+// query is put in this order once per token group instead).
+inline void unpack_nibbles(const uint8_t* x, int64_t bytes, __m256i* V) {
+  const __m256i m = _mm256_set1_epi8(15);
+  for (int64_t o = 0; o < bytes; o += 32) {
+    const __m256i r = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + o));
+    *V++ = _mm256_and_si256(r, m);
+    *V++ = _mm256_and_si256(_mm256_srli_epi16(r, 4), m);
+  }
+}
+
 // sum_v of the products of unsigned codes V[v] (<= 15) and signed bytes W[v] (|w| <= 127), as eight int32 partial
 // sums: vpdpbusd with VNNI; on AVX2 vpmaddubsw's pair sums (<= 2 * 15 * 127) added in int16 for up to eight
 // vectors (<= 30480 < 2^15), then one vpmaddwd.
@@ -318,6 +330,7 @@ struct Task {
   float ka[kMaxM], kz[kMaxM];
   int16_t cb[2 * kMaxV];  // code_layout of cb_bits-bit rows
   int nv = 0, cb_bits = 0;
+  bool nib = false;  // int4 keys of whole 32-byte pieces: scored in nibble order (unpack_nibbles), not cb's
   alignas(32) float vs[kMaxG][kB], vz[kMaxG][kB];  // packed values: a block's scales and zero points by group
 
   // The next task: its batch row, KV head, query rows, mask rows and results; what was cached for the last one's
@@ -330,7 +343,7 @@ struct Task {
   }
 
   void layout(int bits) {
-    if (cb_bits != bits) nv = code_layout(bits, D, cb), cb_bits = bits;
+    if (cb_bits != bits) nv = code_layout(bits, D, cb), cb_bits = bits, nib = bits == 4 && D % 64 == 0;
   }
 
   // out[t] = the scale of token j0 + t for t < n, 0 for n <= t < len: float16 scales 8 at a time where there is one
@@ -345,50 +358,95 @@ struct Task {
   }
 
   // qk and ka, kz for key token group r of part p: q_c s_rc rounded per row to integers of at most kP (a step
-  // ka = max_c |q_c s_rc| / kP), and kz = sum_c q_c z_rc in float.
+  // ka = max_c |q_c s_rc| / kP), and kz = sum_c q_c z_rc in float plus the rounding's error against a mid-range
+  // code (ka * mid * sum_c (q_c s_rc / ka - round(q_c s_rc / ka)), from the rounded integers' sum). At 64 and 128
+  // channels the group's scales, zero points and each row's products stay in registers (one pass per row).
   __attribute__((noinline)) void fold_query(const Part& p, int64_t r) {
+    if (D == 64) fold_rows<8>(p, r);
+    else if (D == 128) fold_rows<16>(p, r);
+    else fold_rows<0>(p, r);
+    kq_part = &p;
+    kq_r = r;
+  }
+
+  // n = 8 ND (ND > 0) or D entries of side s (token group r, channel stride sc) as vectors: float16 with unit
+  // stride converted 8 at a time, others through buf.
+  template <int ND>
+  void side_vectors(const Side& sd, int64_t r, float* buf, __m256* out) {
+#if defined(__F16C__)
+    if (ND > 0 && sd.type == kF16 && sd.sc == 1) {
+      const uint16_t* x = static_cast<const uint16_t*>(sd.ptr) + b * sd.sb + h * sd.sh + r * sd.sr;
+      for (int i = 0; i < ND; ++i) out[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 8 * i)));
+      return;
+    }
+#endif
+    side_row(sd, b * sd.sb + h * sd.sh + r * sd.sr, sd.sc, D, buf);
+    for (int i = 0; i < ND; ++i) out[i] = _mm256_loadu_ps(buf + 8 * i);
+  }
+
+  // Row m's rounded query (bytes[k]: channels 32k .. 32k + 31 in order) into qk in the order the keys are scored:
+  // nibble order (nib: per 64 channels the even ones, then the odd ones) or code_layout's.
+  void place_query(int64_t m, const __m256i* bytes) {
+    if (nib) {
+      const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                             0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+      for (int64_t k = 0; k < D / 64; ++k) {
+        // per 128 bits: 8 even channels, then 8 odd; then the quarters gathered into channel order
+        const __m256i a = _mm256_shuffle_epi8(bytes[2 * k], split), c = _mm256_shuffle_epi8(bytes[2 * k + 1], split);
+        qk[m * kMaxV + 2 * k] = _mm256_permute4x64_epi64(_mm256_unpacklo_epi64(a, c), 0xD8);
+        qk[m * kMaxV + 2 * k + 1] = _mm256_permute4x64_epi64(_mm256_unpackhi_epi64(a, c), 0xD8);
+      }
+      return;
+    }
+    auto half = [&](int64_t c) {
+      const __m256i w = bytes[c / 32];
+      return c % 32 ? _mm256_extracti128_si256(w, 1) : _mm256_castsi256_si128(w);
+    };
+    for (int v = 0; v < nv; ++v) qk[m * kMaxV + v] = _mm256_set_m128i(half(cb[2 * v + 1]), half(cb[2 * v]));
+  }
+
+  template <int ND>
+  void fold_rows(const Part& p, int64_t r) {
+    constexpr int NR = ND > 0 ? ND : 512 / 8;
+    const int nd = ND > 0 ? ND : static_cast<int>(D / 8);
     const float mid = ((1 << p.bits) - 1) / 2.f;
-    side_row(p.scale, b * p.scale.sb + h * p.scale.sh + r * p.scale.sr, p.scale.sc, D, sbuf);
-    side_row(p.zero, b * p.zero.sb + h * p.zero.sh + r * p.zero.sr, p.zero.sc, D, zbuf);
-    alignas(32) float x[512];
-    __m256i bytes[kMaxV];  // the rounded query, 32 channels a vector in channel order
+    __m256 sv[NR], zv[NR];  // ND > 0: registers
+    side_vectors<ND>(p.scale, r, sbuf, sv);
+    side_vectors<ND>(p.zero, r, zbuf, zv);
+    if constexpr (ND == 0) {
+      for (int i = 0; i < nd; ++i) sv[i] = _mm256_loadu_ps(sbuf + 8 * i), zv[i] = _mm256_loadu_ps(zbuf + 8 * i);
+    }
     const __m256 sign = set1(-0.f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // the two packs' lane order undone
+    const __m256i one = _mm256_set1_epi16(1);
     for (int64_t m = 0; m < M; ++m) {
       const float* qm = q + m * D;
-      __m256 top = _mm256_setzero_ps(), zs = _mm256_setzero_ps();
-      for (int64_t c = 0; c < D; c += 8) {
-        const __m256 qv = _mm256_loadu_ps(qm + c);
-        const __m256 qs = _mm256_mul_ps(qv, _mm256_loadu_ps(sbuf + c));
-        _mm256_store_ps(x + c, qs);
-        top = _mm256_max_ps(top, _mm256_andnot_ps(sign, qs));
-        zs = _mm256_fmadd_ps(qv, _mm256_loadu_ps(zbuf + c), zs);
+      __m256 qs[NR];
+      __m256 top = _mm256_setzero_ps(), zs = _mm256_setzero_ps(), tot = _mm256_setzero_ps();
+      for (int i = 0; i < nd; ++i) {
+        const __m256 qv = _mm256_loadu_ps(qm + 8 * i);
+        qs[i] = _mm256_mul_ps(qv, sv[i]);
+        top = _mm256_max_ps(top, _mm256_andnot_ps(sign, qs[i]));
+        zs = _mm256_fmadd_ps(qv, zv[i], zs);
+        tot = _mm256_add_ps(tot, qs[i]);
       }
       const float t = hmax(top);
       const __m256 inv = set1(t > 0.f ? kP / t : 0.f);
-      // x / step rounded (ties to even) and packed to bytes in one pass, with sum_c (x_c - round(x_c)): the
-      // rounding's error against a mid-range code
-      __m256 res[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-      for (int64_t c = 0; c < D; c += 32) {
+      // x / step rounded (ties to even) and packed to bytes; the integers' sum in int16 (|.| <= 127 D / 16)
+      __m256i bytes[kMaxV], isum = _mm256_setzero_si256();
+      for (int c = 0; c < nd / 4; ++c) {
         __m256i ii[4];
-        for (int i = 0; i < 4; ++i) {
-          const __m256 xv = _mm256_mul_ps(_mm256_load_ps(x + c + 8 * i), inv);
-          ii[i] = _mm256_cvtps_epi32(xv);
-          res[i & 1] = _mm256_add_ps(res[i & 1], _mm256_sub_ps(xv, _mm256_cvtepi32_ps(ii[i])));
-        }
-        const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(ii[0], ii[1]), _mm256_packs_epi32(ii[2], ii[3]));
-        bytes[c / 32] = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        for (int i = 0; i < 4; ++i) ii[i] = _mm256_cvtps_epi32(_mm256_mul_ps(qs[4 * c + i], inv));
+        const __m256i p0 = _mm256_packs_epi32(ii[0], ii[1]), p1 = _mm256_packs_epi32(ii[2], ii[3]);
+        isum = _mm256_add_epi16(isum, _mm256_add_epi16(p0, p1));
+        bytes[c] = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p0, p1), order);
       }
-      // into code_layout's order in registers (whole 32-byte stores: the dot products load them whole)
-      auto half = [&](int64_t c) {
-        const __m256i w = bytes[c / 32];
-        return c % 32 ? _mm256_extracti128_si256(w, 1) : _mm256_castsi256_si128(w);
-      };
-      for (int v = 0; v < nv; ++v) qk[m * kMaxV + v] = _mm256_set_m128i(half(cb[2 * v + 1]), half(cb[2 * v]));
+      place_query(m, bytes);
       ka[m] = t / kP;
-      kz[m] = hadd(_mm256_fmadd_ps(_mm256_add_ps(res[0], res[1]), set1(ka[m] * mid), zs));  // one reduction
+      // sum_c (x_c / step - round): the rounding's error against a mid-range code, folded into kz with one reduction
+      const __m256 res = _mm256_sub_ps(_mm256_mul_ps(tot, inv), _mm256_cvtepi32_ps(_mm256_madd_epi16(isum, one)));
+      kz[m] = hadd(_mm256_fmadd_ps(res, set1(ka[m] * mid), zs));
     }
-    kq_part = &p;
-    kq_r = r;
   }
 
   // ibuf[m][t]: qk_m . codes of row r[t], as eight int32 partial sums; each row unpacked once for every query row.
@@ -409,7 +467,8 @@ struct Task {
     } else {
       for (int t = 0; t < kS; ++t) {
         __m256i V[kMaxV];
-        unpack_row<Bits>(r[t], D * Bits / 8, V);
+        if (Bits == 4 && nib) unpack_nibbles(r[t], D / 2, V);
+        else unpack_row<Bits>(r[t], D * Bits / 8, V);
         for (int64_t m = 0; m < M; ++m) ibuf[m][t] = dot_codes(V, qk + m * kMaxV, nv);
       }
       for (int64_t m = 0; m < M; ++m) isum[m] = hsum8i(ibuf[m]);
@@ -424,7 +483,8 @@ struct Task {
     }
     for (int t = 0; t < kS; ++t) {
       __m256i V[NV];
-      unpack_row<Bits>(r[t], NV * 4 * Bits, V);
+      if constexpr (Bits == 4) unpack_nibbles(r[t], NV * 16, V);  // NV = 2, 4: 64 or 128 channels (nib)
+      else unpack_row<Bits>(r[t], NV * 4 * Bits, V);
       for (int g = 0; g < G; ++g) {
 #if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
         ibuf[m0 + g][t] = dot_codes(V, qv[g], NV);
