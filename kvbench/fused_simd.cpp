@@ -148,6 +148,20 @@ inline float hadd(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
+// The maxima of four vectors (lane i: the largest of the i-th's lanes), and their sums: one reduction for four rows
+// or groups instead of four (each a chain of shuffles the next step waits on).
+inline __m128 hmax4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 ab = _mm256_max_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));  // [a02 b02 a13 b13]
+  const __m256 cd = _mm256_max_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+  const __m256 x = _mm256_max_ps(_mm256_shuffle_ps(ab, cd, 0x44), _mm256_shuffle_ps(ab, cd, 0xEE));  // [a b c d]
+  return _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+}
+
+inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 x = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+}
+
 // int8 keys with one scale per token (scale over the whole row, no zero point): the integer path.
 inline bool int8_folded(const Part& p, int64_t d) {
   return p.bits == 8 && p.mode == 1 && p.scale.type != kNone && p.zero.type == kNone && p.cg >= d && d % 32 == 0;
@@ -332,6 +346,11 @@ struct Task {
   int nv = 0, cb_bits = 0;
   bool nib = false;  // int4 keys of whole 32-byte pieces: scored in nibble order (unpack_nibbles), not cb's
   alignas(32) float vs[kMaxG][kB], vz[kMaxG][kB];  // packed values: a block's scales and zero points by group
+  // packed values' weights for every (row, channel group) pair at once where there are at most kWB pairs
+  static constexpr int kWB = 16;
+  alignas(32) int32_t wqb[kWB][kB / 4];
+  float gvb[kWB], zsb[kWB];
+  bool anyb[kMaxM];
 
   // The next task: its batch row, KV head, query rows, mask rows and results; what was cached for the last one's
   // query (its int8 rounding, a key group's folded query) is dropped.
@@ -341,7 +360,6 @@ struct Task {
     kq_part = nullptr;
     kq_r = -1;
   }
-
   void layout(int bits) {
     if (cb_bits != bits) nv = code_layout(bits, D, cb), cb_bits = bits, nib = bits == 4 && D % 64 == 0;
   }
@@ -707,7 +725,7 @@ struct Task {
           for (int t = 0; t < 8; ++t) add[t] = 8 * v + t < n ? mr[(8 * v + t) * ms4] : 0.f;
           sv[v] = _mm256_add_ps(sv[v], _mm256_load_ps(add));
         }
-        sv[v] = _mm256_blendv_ps(ninf, sv[v], lanes[v]);
+        if (n < kB) sv[v] = _mm256_blendv_ps(ninf, sv[v], lanes[v]);  // a short block's tail
       }
       __m256 mv = sv[0];
       for (int v = 1; v < kB / 8; ++v) mv = _mm256_max_ps(mv, sv[v]);
@@ -860,6 +878,71 @@ struct Task {
     }
   }
 
+  // packed_weights for every row and channel group (M G <= kWB pairs) into wqb, gvb, zsb and anyb, four pairs
+  // at a time: their maxima and sums reduced together (hmax4, hsum4), the weights recomputed in the second pass
+  // rather than held. zsb = sum_t p_t z_tg + mid (sum_t w_t - gv sum_t wi_t): the same residual as packed_weights'.
+  void packed_weights_all(int64_t G, float mid) {
+    const int np = static_cast<int>(M * G);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // the two packs' lane order undone
+    for (int64_t m = 0; m < M; ++m) anyb[m] = false;
+    int64_t mn = 0, gn = 0;  // the next pair's row and group (no division per pair: a 64-bit one costs ~20 cycles)
+    for (int p0 = 0; p0 < np; p0 += 4) {
+      const int k = std::min(4, np - p0);
+      int64_t pm[4], pg[4];
+      for (int i = 0; i < k; ++i) {
+        pm[i] = mn, pg[i] = gn;
+        if (++gn == G) gn = 0, ++mn;
+      }
+      __m256 mv[4], zv[4];
+      for (int i = 0; i < 4; ++i) {
+        mv[i] = zv[i] = _mm256_setzero_ps();
+        if (i >= k) continue;
+        const int64_t m = pm[i], g = pg[i];
+        __m256 ws = _mm256_setzero_ps(), zs = _mm256_setzero_ps();
+        for (int v = 0; v < kB / 8; ++v) {
+          const __m256 pv = _mm256_load_ps(s[m] + 8 * v);
+          const __m256 w = _mm256_mul_ps(pv, _mm256_load_ps(vs[g] + 8 * v));
+          mv[i] = _mm256_max_ps(mv[i], w);
+          ws = _mm256_add_ps(ws, w);
+          zs = _mm256_fmadd_ps(pv, _mm256_load_ps(vz[g] + 8 * v), zs);
+        }
+        zv[i] = _mm256_fmadd_ps(ws, set1(mid), zs);
+      }
+      alignas(16) float top[4], zpart[4], isum[4];
+      _mm_store_ps(top, hmax4(mv[0], mv[1], mv[2], mv[3]));
+      _mm_store_ps(zpart, hsum4(zv[0], zv[1], zv[2], zv[3]));
+      __m256 iv[4];
+      for (int i = 0; i < 4; ++i) {
+        iv[i] = _mm256_setzero_ps();
+        if (i >= k) continue;
+        const int pr = p0 + i;
+        const int64_t m = pm[i], g = pg[i];
+        const float t = top[i];
+        gvb[pr] = t > 0.f ? t / kP : 0.f;
+        anyb[m] |= t > 0.f;
+        const __m256 inv = set1(t > 0.f ? kP / t : 0.f);
+        __m256i wi[4];
+        for (int v = 0; v < 4; ++v) {
+          wi[v] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(s[m] + 8 * v),
+                                                                 _mm256_load_ps(vs[g] + 8 * v)), inv));
+        }
+        iv[i] = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(wi[0], wi[1]), _mm256_add_epi32(wi[2], wi[3])));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(wqb[pr]), _mm256_permutevar8x32_epi32(_mm256_packus_epi16(
+            _mm256_packs_epi32(wi[0], wi[1]), _mm256_packs_epi32(wi[2], wi[3])), order));
+      }
+      _mm_store_ps(isum, hsum4(iv[0], iv[1], iv[2], iv[3]));  // integers <= 32 * 127: exact in float
+      for (int i = 0; i < k; ++i) zsb[p0 + i] = zpart[i] - mid * gvb[p0 + i] * isum[i];
+    }
+  }
+
+  // Row m's weights (wq, gv, zsum): packed_weights_all's where it ran (batched), else packed_weights into the
+  // caller's arrays. Returns whether any weight is nonzero.
+  bool row_weights(int64_t m, int64_t G, float mid, bool batched, int32_t (*&wq)[kB / 4], float*& gv, float*& zsum) {
+    if (!batched) return packed_weights(m, G, mid, wq, gv, zsum);
+    wq = wqb + m * G, gv = gvb + m * G, zsum = zsb + m * G;
+    return anyb[m];
+  }
+
   // Query row m's weights p_t s_tg for each channel group g < G rounded to 7-bit integers of the group's largest
   // (step gv[g]), as bytes per token quad (wq[g][qd]), and zsum[g] = sum_t p_t z_tg plus the rounding's error times
   // the mid-range code. Returns whether any weight is nonzero.
@@ -930,13 +1013,19 @@ struct Task {
       }
     }
     const float mid = 7.5f;
+    const bool batched = M * G <= kWB;
+    if (batched) packed_weights_all(G, mid);
+    int64_t gl[512 / 64], gh[512 / 64];  // each piece's two channel groups (divided once per block, not per row)
+    for (int64_t k = 0; k < pieces; ++k) gl[k] = 64 * k / p.cg, gh[k] = (64 * k + 32) / p.cg;
     for (int64_t m = 0; m < M; ++m) {
-      alignas(32) int32_t wq[kMaxG][kB / 4];
-      float gv[kMaxG], zsum[kMaxG];
-      const bool any = packed_weights(m, G, mid, wq, gv, zsum);  // none: only the zero points' sums remain
+      alignas(32) int32_t wql[kMaxG][kB / 4];
+      float gvl[kMaxG], zsl[kMaxG];
+      int32_t (*wq)[kB / 4] = wql;
+      float *gv = gvl, *zsum = zsl;
+      const bool any = row_weights(m, G, mid, batched, wq, gv, zsum);  // none: only the zero points' sums remain
       float* am = acc + m * D;
       for (int64_t k = 0; any && k < pieces; ++k) {
-        const int64_t glo = 64 * k / p.cg, ghi = (64 * k + 32) / p.cg;
+        const int64_t glo = gl[k], ghi = gh[k];
         const __m256i* x = X + k * (kB / 4) * 8;
         __m256i a[8];
 #if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
@@ -987,10 +1076,14 @@ struct Task {
     packed_kind(p.bits, [&](auto bits, auto vecs) {
       interleave_packed<decltype(bits)::value, decltype(vecs)::value>(r, quads);
     });
+    const bool batched = M * G <= kWB;
+    if (batched) packed_weights_all(G, mid);
     for (int64_t m = 0; m < M; ++m) {
-      alignas(32) int32_t wq[kMaxG][kB / 4];  // group g's weights of token quad qd as bytes
-      float gv[kMaxG], zsum[kMaxG];
-      const bool any = packed_weights(m, G, mid, wq, gv, zsum);
+      alignas(32) int32_t wql[kMaxG][kB / 4];  // group g's weights of token quad qd as bytes
+      float gvl[kMaxG], zsl[kMaxG];
+      int32_t (*wq)[kB / 4] = wql;
+      float *gv = gvl, *zsum = zsl;
+      const bool any = row_weights(m, G, mid, batched, wq, gv, zsum);
       float* am = acc + m * D;
       __m256i wv[kB / 4];  // the weights of each token quad for a vector's two channel groups (low, high 128 bits)
       int64_t wlo = -1, whi = -1;
