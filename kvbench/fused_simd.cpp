@@ -18,8 +18,9 @@
 //   pieces (int4: head_dim % 32 == 0, int2: % 64): keys quantized per channel over groups of tokens score as
 //   q . k_t = sum_c (q_c s_c) code_tc + sum_c q_c z_c: the scales fold into the query once per token group (rounded
 //   to integers of at most kP = 127 per row), the zero points into one float constant per group and row; the
-//   codes are unpacked in registers by shifts, masks and byte unpacking, the query permuted once per group into
-//   the unpacked order, and unsigned codes times the signed query is vpmaddubsw's (vpdpbusd's) operand pair as it
+//   codes are unpacked in registers by shifts, masks and byte unpacking (int4 rows of whole 32-byte pieces: only
+//   split into low and high nibbles, even and odd channels), the query permuted once per group into the unpacked
+//   order, and unsigned codes times the signed query is vpmaddubsw's (vpdpbusd's) operand pair as it
 //   is (pair sums <= 2 * 15 * 127 add in int16 before one vpmaddwd; at 64 and 128 channels they stay int16 through
 //   the sum over 8 tokens' lanes, one vpmaddwd per 2 or 4 tokens). Values quantized per token over groups of
 //   channels sum as sum_t p_t v_tc = sum_t (p_t s_tg) code_tc + sum_t p_t z_tg: the weights p_t s_tg rounded per
