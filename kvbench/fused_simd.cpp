@@ -337,6 +337,7 @@ struct Task {
   bool quantized = false;
   alignas(32) float s[kMaxM][kB];
   alignas(32) float f[kB];
+  __m256 lv[kMaxM];  // each row's denominator as eight partial sums (one reduction per task, not per block)
   float fs[kS];
   __m256i ibuf[kMaxM][kS];  // int8 keys: per query row and token, eight partial sums of the dot product
   // packed keys: the token group qk was folded for, each row's integer step and constant sum_c q_c z_c
@@ -737,7 +738,7 @@ struct Task {
       }
       if (top > mx[m]) {  // a new maximum: what was summed so far is scaled to it
         const float corr = std::isinf(mx[m]) ? 0.f : std::exp(mx[m] - top);
-        l[m] *= corr;
+        lv[m] = _mm256_mul_ps(lv[m], set1(corr));
         float* am = acc + m * D;
         const __m256 cv = set1(corr);
         for (int64_t c = 0; c < D; c += 8) _mm256_storeu_ps(am + c, _mm256_mul_ps(_mm256_loadu_ps(am + c), cv));
@@ -749,7 +750,7 @@ struct Task {
         total = _mm256_add_ps(total, pv);
         _mm256_store_ps(s[m] + 8 * v, pv);
       }
-      l[m] += hadd(total);
+      lv[m] = _mm256_add_ps(lv[m], total);
       any = true;
     }
     return any;
@@ -1158,7 +1159,7 @@ struct Task {
   void run(int64_t n0, int64_t n1) {
     for (int64_t m = 0; m < M; ++m) {
       mx[m] = -std::numeric_limits<float>::infinity();
-      l[m] = 0.f;
+      lv[m] = _mm256_setzero_ps();
     }
     std::fill(acc, acc + M * D, 0.f);
     size_t ki = 0, vi = 0;
@@ -1172,6 +1173,7 @@ struct Task {
       if (softmax(n, cnt)) values(v, n - v.first, cnt);
       n = end;
     }
+    for (int64_t m = 0; m < M; ++m) l[m] = hadd(lv[m]);
   }
 };
 
