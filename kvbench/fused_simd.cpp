@@ -149,6 +149,20 @@ inline float hadd(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
+// The largest lane and the lanes' sum, in every lane (each lane's operations the same pairs in the same order:
+// every lane holds the same value).
+inline __m256 allmax(__m256 v) {
+  v = _mm256_max_ps(v, _mm256_permute2f128_ps(v, v, 1));
+  v = _mm256_max_ps(v, _mm256_permute_ps(v, 0x4E));
+  return _mm256_max_ps(v, _mm256_permute_ps(v, 0xB1));
+}
+
+inline __m256 allsum(__m256 v) {
+  v = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 1));
+  v = _mm256_add_ps(v, _mm256_permute_ps(v, 0x4E));
+  return _mm256_add_ps(v, _mm256_permute_ps(v, 0xB1));
+}
+
 // The maxima of four vectors (lane i: the largest of the i-th's lanes), and their sums: one reduction for four rows
 // or groups instead of four (each a chain of shuffles the next step waits on).
 inline __m128 hmax4(__m256 a, __m256 b, __m256 c, __m256 d) {
@@ -343,7 +357,7 @@ struct Task {
   // packed keys: the token group qk was folded for, each row's integer step and constant sum_c q_c z_c
   const Part* kq_part = nullptr;
   int64_t kq_r = -1;
-  float ka[kMaxM], kz[kMaxM];
+  __m256 ka[kMaxM], kz[kMaxM];  // in every lane (the scores' operands as they are)
   int16_t cb[2 * kMaxV];  // code_layout of cb_bits-bit rows
   int nv = 0, cb_bits = 0;
   bool nib = false;  // int4 keys of whole 32-byte pieces: scored in nibble order (unpack_nibbles), not cb's
@@ -450,8 +464,10 @@ struct Task {
         zs = _mm256_fmadd_ps(qv, zv[i], zs);
         tot = _mm256_add_ps(tot, qs[i]);
       }
-      const float t = hmax(top);
-      const __m256 inv = set1(t > 0.f ? kP / t : 0.f);
+      // the largest in every lane, the step and its inverse as vectors: no round trip through a scalar (and the
+      // compare, division and broadcasts it took) on the chain the rounding waits on
+      const __m256 t = allmax(top);
+      const __m256 inv = _mm256_and_ps(_mm256_cmp_ps(t, _mm256_setzero_ps(), _CMP_GT_OQ), _mm256_div_ps(set1(kP), t));
       // x / step rounded (ties to even) and packed to bytes; the integers' sum in int16 (|.| <= 127 D / 16)
       __m256i bytes[kMaxV], isum = _mm256_setzero_si256();
       for (int c = 0; c < nd / 4; ++c) {
@@ -462,10 +478,10 @@ struct Task {
         bytes[c] = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p0, p1), order);
       }
       place_query(m, bytes);
-      ka[m] = t / kP;
+      ka[m] = _mm256_div_ps(t, set1(kP));
       // sum_c (x_c / step - round): the rounding's error against a mid-range code, folded into kz with one reduction
       const __m256 res = _mm256_sub_ps(_mm256_mul_ps(tot, inv), _mm256_cvtepi32_ps(_mm256_madd_epi16(isum, one)));
-      kz[m] = hadd(_mm256_fmadd_ps(res, set1(ka[m] * mid), zs));
+      kz[m] = allsum(_mm256_fmadd_ps(res, _mm256_mul_ps(ka[m], set1(mid)), zs));
     }
   }
 
@@ -570,7 +586,7 @@ struct Task {
               _mm256_cmp_ps(iota, set1(static_cast<float>(g * p.tg - j)), _CMP_GE_OQ),
               _mm256_cmp_ps(iota, set1(static_cast<float>((g + 1) * p.tg - j)), _CMP_LT_OQ));
           for (int64_t m = 0; m < M; ++m) {
-            const __m256 sc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), set1(ka[m]), set1(kz[m]));
+            const __m256 sc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), ka[m], kz[m]);
             _mm256_store_ps(s[m] + o, gf == g1 ? sc : _mm256_blendv_ps(_mm256_load_ps(s[m] + o), sc, lanes));
           }
         }
