@@ -18,8 +18,9 @@
 //   pieces (int4: head_dim % 32 == 0, int2: % 64): keys quantized per channel over groups of tokens score as
 //   q . k_t = sum_c (q_c s_c) code_tc + sum_c q_c z_c: the scales fold into the query once per token group (rounded
 //   to integers of at most kP = 127 per row), the zero points into one float constant per group and row; the
-//   codes are unpacked in registers by shifts, masks and byte unpacking, the query permuted once per group into
-//   the unpacked order, and unsigned codes times the signed query is vpmaddubsw's (vpdpbusd's) operand pair as it
+//   codes are unpacked in registers by shifts, masks and byte unpacking (int4 rows of whole 32-byte pieces: only
+//   split into low and high nibbles, even and odd channels), the query permuted once per group into the unpacked
+//   order, and unsigned codes times the signed query is vpmaddubsw's (vpdpbusd's) operand pair as it
 //   is (pair sums <= 2 * 15 * 127 add in int16 before one vpmaddwd; at 64 and 128 channels they stay int16 through
 //   the sum over 8 tokens' lanes, one vpmaddwd per 2 or 4 tokens). Values quantized per token over groups of
 //   channels sum as sum_t p_t v_tc = sum_t (p_t s_tg) code_tc + sum_t p_t z_tg: the weights p_t s_tg rounded per
@@ -148,6 +149,34 @@ inline float hadd(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
+// The largest lane and the lanes' sum, in every lane (each lane's operations the same pairs in the same order:
+// every lane holds the same value).
+inline __m256 allmax(__m256 v) {
+  v = _mm256_max_ps(v, _mm256_permute2f128_ps(v, v, 1));
+  v = _mm256_max_ps(v, _mm256_permute_ps(v, 0x4E));
+  return _mm256_max_ps(v, _mm256_permute_ps(v, 0xB1));
+}
+
+inline __m256 allsum(__m256 v) {
+  v = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 1));
+  v = _mm256_add_ps(v, _mm256_permute_ps(v, 0x4E));
+  return _mm256_add_ps(v, _mm256_permute_ps(v, 0xB1));
+}
+
+// The maxima of four vectors (lane i: the largest of the i-th's lanes), and their sums: one reduction for four rows
+// or groups instead of four (each a chain of shuffles the next step waits on).
+inline __m128 hmax4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 ab = _mm256_max_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));  // [a02 b02 a13 b13]
+  const __m256 cd = _mm256_max_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+  const __m256 x = _mm256_max_ps(_mm256_shuffle_ps(ab, cd, 0x44), _mm256_shuffle_ps(ab, cd, 0xEE));  // [a b c d]
+  return _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+}
+
+inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 x = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+}
+
 // int8 keys with one scale per token (scale over the whole row, no zero point): the integer path.
 inline bool int8_folded(const Part& p, int64_t d) {
   return p.bits == 8 && p.mode == 1 && p.scale.type != kNone && p.zero.type == kNone && p.cg >= d && d % 32 == 0;
@@ -248,6 +277,18 @@ inline void unpack_row(const uint8_t* x, int64_t bytes, __m256i* V) {
   }
 }
 
+// int4 key rows of whole 32-byte pieces as scored (Task::nib): piece k's low nibbles (channels 64k + 2i, byte i)
+// as vector 2k, its high ones (64k + 2i + 1) as 2k + 1: one shift and two masks a piece, no byte unpacking (the
+// query is put in this order once per token group instead).
+inline void unpack_nibbles(const uint8_t* x, int64_t bytes, __m256i* V) {
+  const __m256i m = _mm256_set1_epi8(15);
+  for (int64_t o = 0; o < bytes; o += 32) {
+    const __m256i r = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + o));
+    *V++ = _mm256_and_si256(r, m);
+    *V++ = _mm256_and_si256(_mm256_srli_epi16(r, 4), m);
+  }
+}
+
 // sum_v of the products of unsigned codes V[v] (<= 15) and signed bytes W[v] (|w| <= 127), as eight int32 partial
 // sums: vpdpbusd with VNNI; on AVX2 vpmaddubsw's pair sums (<= 2 * 15 * 127) added in int16 for up to eight
 // vectors (<= 30480 < 2^15), then one vpmaddwd.
@@ -310,15 +351,22 @@ struct Task {
   bool quantized = false;
   alignas(32) float s[kMaxM][kB];
   alignas(32) float f[kB];
+  __m256 lv[kMaxM];  // each row's denominator as eight partial sums (one reduction per task, not per block)
   float fs[kS];
   __m256i ibuf[kMaxM][kS];  // int8 keys: per query row and token, eight partial sums of the dot product
   // packed keys: the token group qk was folded for, each row's integer step and constant sum_c q_c z_c
   const Part* kq_part = nullptr;
   int64_t kq_r = -1;
-  float ka[kMaxM], kz[kMaxM];
+  __m256 ka[kMaxM], kz[kMaxM];  // in every lane (the scores' operands as they are)
   int16_t cb[2 * kMaxV];  // code_layout of cb_bits-bit rows
   int nv = 0, cb_bits = 0;
+  bool nib = false;  // int4 keys of whole 32-byte pieces: scored in nibble order (unpack_nibbles), not cb's
   alignas(32) float vs[kMaxG][kB], vz[kMaxG][kB];  // packed values: a block's scales and zero points by group
+  // packed values' weights for every (row, channel group) pair at once where there are at most kWB pairs
+  static constexpr int kWB = 16;
+  alignas(32) int32_t wqb[kWB][kB / 4];
+  float gvb[kWB], zsb[kWB];
+  bool anyb[kMaxM];
 
   // The next task: its batch row, KV head, query rows, mask rows and results; what was cached for the last one's
   // query (its int8 rounding, a key group's folded query) is dropped.
@@ -328,9 +376,8 @@ struct Task {
     kq_part = nullptr;
     kq_r = -1;
   }
-
   void layout(int bits) {
-    if (cb_bits != bits) nv = code_layout(bits, D, cb), cb_bits = bits;
+    if (cb_bits != bits) nv = code_layout(bits, D, cb), cb_bits = bits, nib = bits == 4 && D % 64 == 0;
   }
 
   // out[t] = the scale of token j0 + t for t < n, 0 for n <= t < len: float16 scales 8 at a time where there is one
@@ -345,50 +392,97 @@ struct Task {
   }
 
   // qk and ka, kz for key token group r of part p: q_c s_rc rounded per row to integers of at most kP (a step
-  // ka = max_c |q_c s_rc| / kP), and kz = sum_c q_c z_rc in float.
+  // ka = max_c |q_c s_rc| / kP), and kz = sum_c q_c z_rc in float plus the rounding's error against a mid-range
+  // code (ka * mid * sum_c (q_c s_rc / ka - round(q_c s_rc / ka)), from the rounded integers' sum). At 64 and 128
+  // channels the group's scales, zero points and each row's products stay in registers (one pass per row).
   __attribute__((noinline)) void fold_query(const Part& p, int64_t r) {
-    const float mid = ((1 << p.bits) - 1) / 2.f;
-    side_row(p.scale, b * p.scale.sb + h * p.scale.sh + r * p.scale.sr, p.scale.sc, D, sbuf);
-    side_row(p.zero, b * p.zero.sb + h * p.zero.sh + r * p.zero.sr, p.zero.sc, D, zbuf);
-    alignas(32) float x[512];
-    __m256i bytes[kMaxV];  // the rounded query, 32 channels a vector in channel order
-    const __m256 sign = set1(-0.f);
-    for (int64_t m = 0; m < M; ++m) {
-      const float* qm = q + m * D;
-      __m256 top = _mm256_setzero_ps(), zs = _mm256_setzero_ps();
-      for (int64_t c = 0; c < D; c += 8) {
-        const __m256 qv = _mm256_loadu_ps(qm + c);
-        const __m256 qs = _mm256_mul_ps(qv, _mm256_loadu_ps(sbuf + c));
-        _mm256_store_ps(x + c, qs);
-        top = _mm256_max_ps(top, _mm256_andnot_ps(sign, qs));
-        zs = _mm256_fmadd_ps(qv, _mm256_loadu_ps(zbuf + c), zs);
-      }
-      const float t = hmax(top);
-      const __m256 inv = set1(t > 0.f ? kP / t : 0.f);
-      // x / step rounded (ties to even) and packed to bytes in one pass, with sum_c (x_c - round(x_c)): the
-      // rounding's error against a mid-range code
-      __m256 res[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-      for (int64_t c = 0; c < D; c += 32) {
-        __m256i ii[4];
-        for (int i = 0; i < 4; ++i) {
-          const __m256 xv = _mm256_mul_ps(_mm256_load_ps(x + c + 8 * i), inv);
-          ii[i] = _mm256_cvtps_epi32(xv);
-          res[i & 1] = _mm256_add_ps(res[i & 1], _mm256_sub_ps(xv, _mm256_cvtepi32_ps(ii[i])));
-        }
-        const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(ii[0], ii[1]), _mm256_packs_epi32(ii[2], ii[3]));
-        bytes[c / 32] = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-      }
-      // into code_layout's order in registers (whole 32-byte stores: the dot products load them whole)
-      auto half = [&](int64_t c) {
-        const __m256i w = bytes[c / 32];
-        return c % 32 ? _mm256_extracti128_si256(w, 1) : _mm256_castsi256_si128(w);
-      };
-      for (int v = 0; v < nv; ++v) qk[m * kMaxV + v] = _mm256_set_m128i(half(cb[2 * v + 1]), half(cb[2 * v]));
-      ka[m] = t / kP;
-      kz[m] = hadd(_mm256_fmadd_ps(_mm256_add_ps(res[0], res[1]), set1(ka[m] * mid), zs));  // one reduction
-    }
+    if (D == 64) fold_rows<8>(p, r);
+    else if (D == 128) fold_rows<16>(p, r);
+    else fold_rows<0>(p, r);
     kq_part = &p;
     kq_r = r;
+  }
+
+  // n = 8 ND (ND > 0) or D entries of side s (token group r, channel stride sc) as vectors: float16 with unit
+  // stride converted 8 at a time, others through buf.
+  template <int ND>
+  void side_vectors(const Side& sd, int64_t r, float* buf, __m256* out) {
+#if defined(__F16C__)
+    if (ND > 0 && sd.type == kF16 && sd.sc == 1) {
+      const uint16_t* x = static_cast<const uint16_t*>(sd.ptr) + b * sd.sb + h * sd.sh + r * sd.sr;
+      for (int i = 0; i < ND; ++i) out[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 8 * i)));
+      return;
+    }
+#endif
+    side_row(sd, b * sd.sb + h * sd.sh + r * sd.sr, sd.sc, D, buf);
+    for (int i = 0; i < ND; ++i) out[i] = _mm256_loadu_ps(buf + 8 * i);
+  }
+
+  // Row m's rounded query (bytes[k]: channels 32k .. 32k + 31 in order) into qk in the order the keys are scored:
+  // nibble order (nib: per 64 channels the even ones, then the odd ones) or code_layout's.
+  void place_query(int64_t m, const __m256i* bytes) {
+    if (nib) {
+      const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                             0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+      for (int64_t k = 0; k < D / 64; ++k) {
+        // per 128 bits: 8 even channels, then 8 odd; then the quarters gathered into channel order
+        const __m256i a = _mm256_shuffle_epi8(bytes[2 * k], split), c = _mm256_shuffle_epi8(bytes[2 * k + 1], split);
+        qk[m * kMaxV + 2 * k] = _mm256_permute4x64_epi64(_mm256_unpacklo_epi64(a, c), 0xD8);
+        qk[m * kMaxV + 2 * k + 1] = _mm256_permute4x64_epi64(_mm256_unpackhi_epi64(a, c), 0xD8);
+      }
+      return;
+    }
+    auto half = [&](int64_t c) {
+      const __m256i w = bytes[c / 32];
+      return c % 32 ? _mm256_extracti128_si256(w, 1) : _mm256_castsi256_si128(w);
+    };
+    for (int v = 0; v < nv; ++v) qk[m * kMaxV + v] = _mm256_set_m128i(half(cb[2 * v + 1]), half(cb[2 * v]));
+  }
+
+  template <int ND>
+  void fold_rows(const Part& p, int64_t r) {
+    constexpr int NR = ND > 0 ? ND : 512 / 8;
+    const int nd = ND > 0 ? ND : static_cast<int>(D / 8);
+    const float mid = ((1 << p.bits) - 1) / 2.f;
+    __m256 sv[NR], zv[NR];  // ND > 0: registers
+    side_vectors<ND>(p.scale, r, sbuf, sv);
+    side_vectors<ND>(p.zero, r, zbuf, zv);
+    if constexpr (ND == 0) {
+      for (int i = 0; i < nd; ++i) sv[i] = _mm256_loadu_ps(sbuf + 8 * i), zv[i] = _mm256_loadu_ps(zbuf + 8 * i);
+    }
+    const __m256 sign = set1(-0.f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // the two packs' lane order undone
+    const __m256i one = _mm256_set1_epi16(1);
+    for (int64_t m = 0; m < M; ++m) {
+      const float* qm = q + m * D;
+      __m256 qs[NR];
+      __m256 top = _mm256_setzero_ps(), zs = _mm256_setzero_ps(), tot = _mm256_setzero_ps();
+      for (int i = 0; i < nd; ++i) {
+        const __m256 qv = _mm256_loadu_ps(qm + 8 * i);
+        qs[i] = _mm256_mul_ps(qv, sv[i]);
+        top = _mm256_max_ps(top, _mm256_andnot_ps(sign, qs[i]));
+        zs = _mm256_fmadd_ps(qv, zv[i], zs);
+        tot = _mm256_add_ps(tot, qs[i]);
+      }
+      // the largest in every lane, the step and its inverse as vectors: no round trip through a scalar (and the
+      // compare, division and broadcasts it took) on the chain the rounding waits on
+      const __m256 t = allmax(top);
+      const __m256 inv = _mm256_and_ps(_mm256_cmp_ps(t, _mm256_setzero_ps(), _CMP_GT_OQ), _mm256_div_ps(set1(kP), t));
+      // x / step rounded (ties to even) and packed to bytes; the integers' sum in int16 (|.| <= 127 D / 16)
+      __m256i bytes[kMaxV], isum = _mm256_setzero_si256();
+      for (int c = 0; c < nd / 4; ++c) {
+        __m256i ii[4];
+        for (int i = 0; i < 4; ++i) ii[i] = _mm256_cvtps_epi32(_mm256_mul_ps(qs[4 * c + i], inv));
+        const __m256i p0 = _mm256_packs_epi32(ii[0], ii[1]), p1 = _mm256_packs_epi32(ii[2], ii[3]);
+        isum = _mm256_add_epi16(isum, _mm256_add_epi16(p0, p1));
+        bytes[c] = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p0, p1), order);
+      }
+      place_query(m, bytes);
+      ka[m] = _mm256_div_ps(t, set1(kP));
+      // sum_c (x_c / step - round): the rounding's error against a mid-range code, folded into kz with one reduction
+      const __m256 res = _mm256_sub_ps(_mm256_mul_ps(tot, inv), _mm256_cvtepi32_ps(_mm256_madd_epi16(isum, one)));
+      kz[m] = allsum(_mm256_fmadd_ps(res, _mm256_mul_ps(ka[m], set1(mid)), zs));
+    }
   }
 
   // ibuf[m][t]: qk_m . codes of row r[t], as eight int32 partial sums; each row unpacked once for every query row.
@@ -409,7 +503,8 @@ struct Task {
     } else {
       for (int t = 0; t < kS; ++t) {
         __m256i V[kMaxV];
-        unpack_row<Bits>(r[t], D * Bits / 8, V);
+        if (Bits == 4 && nib) unpack_nibbles(r[t], D / 2, V);
+        else unpack_row<Bits>(r[t], D * Bits / 8, V);
         for (int64_t m = 0; m < M; ++m) ibuf[m][t] = dot_codes(V, qk + m * kMaxV, nv);
       }
       for (int64_t m = 0; m < M; ++m) isum[m] = hsum8i(ibuf[m]);
@@ -424,7 +519,8 @@ struct Task {
     }
     for (int t = 0; t < kS; ++t) {
       __m256i V[NV];
-      unpack_row<Bits>(r[t], NV * 4 * Bits, V);
+      if constexpr (Bits == 4) unpack_nibbles(r[t], NV * 16, V);  // NV = 2, 4: 64 or 128 channels (nib)
+      else unpack_row<Bits>(r[t], NV * 4 * Bits, V);
       for (int g = 0; g < G; ++g) {
 #if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
         ibuf[m0 + g][t] = dot_codes(V, qv[g], NV);
@@ -490,7 +586,7 @@ struct Task {
               _mm256_cmp_ps(iota, set1(static_cast<float>(g * p.tg - j)), _CMP_GE_OQ),
               _mm256_cmp_ps(iota, set1(static_cast<float>((g + 1) * p.tg - j)), _CMP_LT_OQ));
           for (int64_t m = 0; m < M; ++m) {
-            const __m256 sc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), set1(ka[m]), set1(kz[m]));
+            const __m256 sc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), ka[m], kz[m]);
             _mm256_store_ps(s[m] + o, gf == g1 ? sc : _mm256_blendv_ps(_mm256_load_ps(s[m] + o), sc, lanes));
           }
         }
@@ -647,7 +743,7 @@ struct Task {
           for (int t = 0; t < 8; ++t) add[t] = 8 * v + t < n ? mr[(8 * v + t) * ms4] : 0.f;
           sv[v] = _mm256_add_ps(sv[v], _mm256_load_ps(add));
         }
-        sv[v] = _mm256_blendv_ps(ninf, sv[v], lanes[v]);
+        if (n < kB) sv[v] = _mm256_blendv_ps(ninf, sv[v], lanes[v]);  // a short block's tail
       }
       __m256 mv = sv[0];
       for (int v = 1; v < kB / 8; ++v) mv = _mm256_max_ps(mv, sv[v]);
@@ -658,7 +754,7 @@ struct Task {
       }
       if (top > mx[m]) {  // a new maximum: what was summed so far is scaled to it
         const float corr = std::isinf(mx[m]) ? 0.f : std::exp(mx[m] - top);
-        l[m] *= corr;
+        lv[m] = _mm256_mul_ps(lv[m], set1(corr));
         float* am = acc + m * D;
         const __m256 cv = set1(corr);
         for (int64_t c = 0; c < D; c += 8) _mm256_storeu_ps(am + c, _mm256_mul_ps(_mm256_loadu_ps(am + c), cv));
@@ -670,7 +766,7 @@ struct Task {
         total = _mm256_add_ps(total, pv);
         _mm256_store_ps(s[m] + 8 * v, pv);
       }
-      l[m] += hadd(total);
+      lv[m] = _mm256_add_ps(lv[m], total);
       any = true;
     }
     return any;
@@ -800,6 +896,71 @@ struct Task {
     }
   }
 
+  // packed_weights for every row and channel group (M G <= kWB pairs) into wqb, gvb, zsb and anyb, four pairs
+  // at a time: their maxima and sums reduced together (hmax4, hsum4), the weights recomputed in the second pass
+  // rather than held. zsb = sum_t p_t z_tg + mid (sum_t w_t - gv sum_t wi_t): the same residual as packed_weights'.
+  void packed_weights_all(int64_t G, float mid) {
+    const int np = static_cast<int>(M * G);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // the two packs' lane order undone
+    for (int64_t m = 0; m < M; ++m) anyb[m] = false;
+    int64_t mn = 0, gn = 0;  // the next pair's row and group (no division per pair: a 64-bit one costs ~20 cycles)
+    for (int p0 = 0; p0 < np; p0 += 4) {
+      const int k = std::min(4, np - p0);
+      int64_t pm[4], pg[4];
+      for (int i = 0; i < k; ++i) {
+        pm[i] = mn, pg[i] = gn;
+        if (++gn == G) gn = 0, ++mn;
+      }
+      __m256 mv[4], zv[4];
+      for (int i = 0; i < 4; ++i) {
+        mv[i] = zv[i] = _mm256_setzero_ps();
+        if (i >= k) continue;
+        const int64_t m = pm[i], g = pg[i];
+        __m256 ws = _mm256_setzero_ps(), zs = _mm256_setzero_ps();
+        for (int v = 0; v < kB / 8; ++v) {
+          const __m256 pv = _mm256_load_ps(s[m] + 8 * v);
+          const __m256 w = _mm256_mul_ps(pv, _mm256_load_ps(vs[g] + 8 * v));
+          mv[i] = _mm256_max_ps(mv[i], w);
+          ws = _mm256_add_ps(ws, w);
+          zs = _mm256_fmadd_ps(pv, _mm256_load_ps(vz[g] + 8 * v), zs);
+        }
+        zv[i] = _mm256_fmadd_ps(ws, set1(mid), zs);
+      }
+      alignas(16) float top[4], zpart[4], isum[4];
+      _mm_store_ps(top, hmax4(mv[0], mv[1], mv[2], mv[3]));
+      _mm_store_ps(zpart, hsum4(zv[0], zv[1], zv[2], zv[3]));
+      __m256 iv[4];
+      for (int i = 0; i < 4; ++i) {
+        iv[i] = _mm256_setzero_ps();
+        if (i >= k) continue;
+        const int pr = p0 + i;
+        const int64_t m = pm[i], g = pg[i];
+        const float t = top[i];
+        gvb[pr] = t > 0.f ? t / kP : 0.f;
+        anyb[m] |= t > 0.f;
+        const __m256 inv = set1(t > 0.f ? kP / t : 0.f);
+        __m256i wi[4];
+        for (int v = 0; v < 4; ++v) {
+          wi[v] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(s[m] + 8 * v),
+                                                                 _mm256_load_ps(vs[g] + 8 * v)), inv));
+        }
+        iv[i] = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(wi[0], wi[1]), _mm256_add_epi32(wi[2], wi[3])));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(wqb[pr]), _mm256_permutevar8x32_epi32(_mm256_packus_epi16(
+            _mm256_packs_epi32(wi[0], wi[1]), _mm256_packs_epi32(wi[2], wi[3])), order));
+      }
+      _mm_store_ps(isum, hsum4(iv[0], iv[1], iv[2], iv[3]));  // integers <= 32 * 127: exact in float
+      for (int i = 0; i < k; ++i) zsb[p0 + i] = zpart[i] - mid * gvb[p0 + i] * isum[i];
+    }
+  }
+
+  // Row m's weights (wq, gv, zsum): packed_weights_all's where it ran (batched), else packed_weights into the
+  // caller's arrays. Returns whether any weight is nonzero.
+  bool row_weights(int64_t m, int64_t G, float mid, bool batched, int32_t (*&wq)[kB / 4], float*& gv, float*& zsum) {
+    if (!batched) return packed_weights(m, G, mid, wq, gv, zsum);
+    wq = wqb + m * G, gv = gvb + m * G, zsum = zsb + m * G;
+    return anyb[m];
+  }
+
   // Query row m's weights p_t s_tg for each channel group g < G rounded to 7-bit integers of the group's largest
   // (step gv[g]), as bytes per token quad (wq[g][qd]), and zsum[g] = sum_t p_t z_tg plus the rounding's error times
   // the mid-range code. Returns whether any weight is nonzero.
@@ -870,13 +1031,19 @@ struct Task {
       }
     }
     const float mid = 7.5f;
+    const bool batched = M * G <= kWB;
+    if (batched) packed_weights_all(G, mid);
+    int64_t gl[512 / 64], gh[512 / 64];  // each piece's two channel groups (divided once per block, not per row)
+    for (int64_t k = 0; k < pieces; ++k) gl[k] = 64 * k / p.cg, gh[k] = (64 * k + 32) / p.cg;
     for (int64_t m = 0; m < M; ++m) {
-      alignas(32) int32_t wq[kMaxG][kB / 4];
-      float gv[kMaxG], zsum[kMaxG];
-      const bool any = packed_weights(m, G, mid, wq, gv, zsum);  // none: only the zero points' sums remain
+      alignas(32) int32_t wql[kMaxG][kB / 4];
+      float gvl[kMaxG], zsl[kMaxG];
+      int32_t (*wq)[kB / 4] = wql;
+      float *gv = gvl, *zsum = zsl;
+      const bool any = row_weights(m, G, mid, batched, wq, gv, zsum);  // none: only the zero points' sums remain
       float* am = acc + m * D;
       for (int64_t k = 0; any && k < pieces; ++k) {
-        const int64_t glo = 64 * k / p.cg, ghi = (64 * k + 32) / p.cg;
+        const int64_t glo = gl[k], ghi = gh[k];
         const __m256i* x = X + k * (kB / 4) * 8;
         __m256i a[8];
 #if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
@@ -927,10 +1094,14 @@ struct Task {
     packed_kind(p.bits, [&](auto bits, auto vecs) {
       interleave_packed<decltype(bits)::value, decltype(vecs)::value>(r, quads);
     });
+    const bool batched = M * G <= kWB;
+    if (batched) packed_weights_all(G, mid);
     for (int64_t m = 0; m < M; ++m) {
-      alignas(32) int32_t wq[kMaxG][kB / 4];  // group g's weights of token quad qd as bytes
-      float gv[kMaxG], zsum[kMaxG];
-      const bool any = packed_weights(m, G, mid, wq, gv, zsum);
+      alignas(32) int32_t wql[kMaxG][kB / 4];  // group g's weights of token quad qd as bytes
+      float gvl[kMaxG], zsl[kMaxG];
+      int32_t (*wq)[kB / 4] = wql;
+      float *gv = gvl, *zsum = zsl;
+      const bool any = row_weights(m, G, mid, batched, wq, gv, zsum);
       float* am = acc + m * D;
       __m256i wv[kB / 4];  // the weights of each token quad for a vector's two channel groups (low, high 128 bits)
       int64_t wlo = -1, whi = -1;
@@ -1004,7 +1175,7 @@ struct Task {
   void run(int64_t n0, int64_t n1) {
     for (int64_t m = 0; m < M; ++m) {
       mx[m] = -std::numeric_limits<float>::infinity();
-      l[m] = 0.f;
+      lv[m] = _mm256_setzero_ps();
     }
     std::fill(acc, acc + M * D, 0.f);
     size_t ki = 0, vi = 0;
@@ -1018,6 +1189,7 @@ struct Task {
       if (softmax(n, cnt)) values(v, n - v.first, cnt);
       n = end;
     }
+    for (int64_t m = 0; m < M; ++m) l[m] = hadd(lv[m]);
   }
 };
 
