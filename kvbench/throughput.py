@@ -701,7 +701,8 @@ def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
                 b, n, d = shrunk
                 rekept += 1
                 name = b.strategy.label()
-                n2, tries = bench.keep(b, bench.shrink(b, n, int(d["peak_rss_bytes"]), budget), budget)
+                # One fewer, not the excess's worth: this peak is the heap's drift, not the batch's own need.
+                n2, tries = bench.keep(b, n - 1, budget)
                 plan[name] = (n2, bench.working_set(b, n2) if n2 else {})
                 kept[name] = {"accounted_batch": kept[name]["accounted_batch"],
                               "keep_tries": "; ".join([kept[name]["keep_tries"], f"{n} {d['budget_status']} in round "
