@@ -1,0 +1,158 @@
+"""Where a batched decode step spends its time, per strategy and batch: the measured profile behind the throughput
+table's misses (issue 50 item 2: "where a row misses, a measured profile names what the step spends its time on").
+
+    PYTHONPATH=. python scripts/profile_step.py                              # full x 3 and int8 x 5 at 4,096 tokens
+    PYTHONPATH=. python scripts/profile_step.py --context 8176 --rows full:2,int8:5 --threads 2
+
+The batch is built as ``kvbench throughput`` builds it (:class:`kvbench.throughput.Bench`, synthetic prefill,
+ragged questions, the configuration of ``scripts/bench_throughput.py``: ``linear=upcast``, ``reader=simd``), warmed
+up, and then ``--steps`` decode steps are timed with these parts timed inside them (wall time, each counted once
+where calls nest):
+
+* ``store``: the layer stores' ``attend`` (the one way attention reads a store: its own work on the step's new
+  token — appending, quantizing, concatenating — plus the read below);
+* ``read``: :func:`kvbench.blockattn.attend`, the read itself; ``kernel``: :func:`kvbench.fused.attend`, the part
+  of it in the C++ reader;
+* ``linear``: the model's linear layers (``engine.linear``'s forward, or ``torch.nn.Linear``'s).
+
+``store - read`` is what a store spends beside the read; ``step - store - linear`` is the model's other per-layer
+work (norms, rotary embedding, masks, the MLP's activation) and Python. Rows are stepped in turn (one step of each,
+``--steps`` times), so load that comes and goes falls on all alike. Writes ``results/perf/step_profile.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PARTS = ("store", "read", "kernel", "linear")
+
+
+class Timers:
+    """Inclusive wall time per part, counted once where calls of one part nest (a subclass's ``attend`` calling
+    its parent's)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.depth: dict[str, int] = defaultdict(int)
+
+    def wrap(self, part: str, fn):
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            self.depth[part] += 1
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.depth[part] -= 1
+                if self.depth[part] == 0:
+                    self.seconds[part] += time.perf_counter() - t
+        return timed
+
+
+def install(timers: Timers) -> None:
+    """Wrap the parts' functions where the engine calls them (module attributes and classes, patched in place)."""
+    from kvbench.strategies.base import LayerStore
+
+    from kvbench import blockattn, fused, linear
+
+    fused.attend = timers.wrap("kernel", fused.attend)
+    blockattn.attend = timers.wrap("read", blockattn.attend)
+    for cls in (linear._Float32Linear, linear._UpcastLinear):
+        cls.__call__ = timers.wrap("linear", cls.__call__)
+    torch.nn.Linear.forward = timers.wrap("linear", torch.nn.Linear.forward)
+    todo, seen = [LayerStore], set()
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        todo += cls.__subclasses__()
+        if "attend" in cls.__dict__:
+            cls.attend = timers.wrap("store", cls.__dict__["attend"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--rows", default="full:3,int8:5", help="strategy:batch, comma-separated")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=str(ROOT / "results" / "perf"))
+    args = ap.parse_args()
+
+    from kvbench import throughput
+    from kvbench.hardware import HardwareProfile
+    from kvbench.kernels import cpu_description
+    from kvbench.spec import bound_heap_growth
+
+    bound_heap_growth()  # as the CLI does
+    torch.set_num_threads(args.threads)
+    wanted = [(s, int(n)) for s, n in (item.split(":") for item in args.rows.split(","))]
+    names = sorted({s for s, _ in wanted} - {"full"})
+    cfg = throughput.compose(["model=smollm2-135m", "prefill=synthetic", f"contexts=[{args.context}]",
+                              f"strategies=[{','.join(names)}]", "linear=upcast", "reader=simd",
+                              f"hardware.threads={args.threads}"])
+    bench = throughput.Bench(cfg, HardwareProfile.from_config(cfg.hardware))
+    built, _ = bench.build(throughput.check(cfg), args.context)
+    by = {b.strategy.name: b for b in built}
+    batches = []
+    for name, n in wanted:
+        cache, caches, _, tokens = bench.batch(by[name], n)
+        for _ in range(2):  # warm-up: first steps allocate, flush pending tokens
+            tokens = bench.step(cache, by[name].strategy, tokens)
+        batches.append([name, n, cache, tokens, Timers(), []])
+    # One set of wrappers; each step charges the row being stepped.
+    current: list[Timers] = [batches[0][4]]
+
+    class Router(Timers):
+        def wrap(self, part, fn):
+            @functools.wraps(fn)
+            def timed(*a, **k):
+                return current[0].wrap(part, fn)(*a, **k)
+            return timed
+
+    install(Router())
+    load = os.getloadavg()[0]
+    for _ in range(args.steps):
+        for row in batches:
+            name, n, cache, tokens, timers, steps = row
+            current[0] = timers
+            t = time.perf_counter()
+            row[3] = bench.step(cache, by[name].strategy, tokens)
+            steps.append(time.perf_counter() - t)
+    lines = ["# Where a batched decode step spends its time (measured by `scripts/profile_step.py`)", "",
+             f"`PYTHONPATH=. python scripts/profile_step.py --context {args.context} --rows {args.rows} --steps "
+             f"{args.steps} --threads {args.threads}`; SmolLM2-135M in bf16, CPU ({cpu_description()}), "
+             f"{args.threads} thread(s), `linear=upcast`, `reader=simd`, synthetic prefill of {args.context:,} "
+             f"tokens; load average {load:.1f} at the start. Milliseconds per step (total over the steps / steps; "
+             "the step's median beside it); parts are inclusive wall time, each counted once where calls nest.", "",
+             "| strategy x batch | step ms (median) | store ms | of which read | of which kernel | store beside "
+             "the read | linear ms | rest ms | step ms per sequence |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, n, _, _, timers, steps in batches:
+        total = sum(steps) / len(steps) * 1000
+        part = {p: timers.seconds[p] / len(steps) * 1000 for p in PARTS}
+        rest = total - part["store"] - part["linear"]
+        lines.append(f"| {name} x {n} | {total:.1f} ({statistics.median(steps) * 1000:.1f}) | {part['store']:.1f} "
+                     f"| {part['read']:.1f} | {part['kernel']:.1f} | {part['store'] - part['read']:.1f} | "
+                     f"{part['linear']:.1f} | {rest:.1f} | {total / n:.1f} |")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "step_profile.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
