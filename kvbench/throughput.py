@@ -517,19 +517,15 @@ class Bench:
         again. The accounting counts tensors; the process also holds the allocator's pages and slack, so a batch
         it admits can still cross the budget. Returns the kept size and one "N status" per try."""
         tries: list[str] = []
+        one = built.measured[min(built.measured)]["need_bytes"] if built.measured else 0
         while rows > 0:
             status = self.decode(built, rows, budget)
             tries.append(f"{rows} {status['budget_status']}")
             if status["budget_status"] == "fits":
                 break
-            rows = self.shrink(built, rows, int(status["peak_rss_bytes"]), budget)
+            excess = max(0, int(status["peak_rss_bytes"]) - self.limit(budget))
+            rows -= max(1, math.ceil(excess / one) if one else 1)
         return max(rows, 0), tries
-
-    def shrink(self, built: Built, rows: int, peak: int, budget: int) -> int:
-        """``rows`` less the sequences of the measured need that ``peak`` passed the limit by (at least one)."""
-        one = built.measured[min(built.measured)]["need_bytes"] if built.measured else 0
-        excess = max(0, peak - self.limit(budget))
-        return rows - max(1, math.ceil(excess / one) if one else 1)
 
     def limit(self, budget: int) -> int:
         """The most the process may hold under ``budget`` before a batch is stopped (:data:`TOLERANCE`)."""
@@ -704,9 +700,8 @@ def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
                 # One fewer, not the excess's worth: this peak is the heap's drift, not the batch's own need.
                 n2, tries = bench.keep(b, n - 1, budget)
                 plan[name] = (n2, bench.working_set(b, n2) if n2 else {})
-                kept[name] = {"accounted_batch": kept[name]["accounted_batch"],
-                              "keep_tries": "; ".join([kept[name]["keep_tries"], f"{n} {d['budget_status']} in round "
-                                                       f"{r + 1}", *tries])}
+                kept[name]["keep_tries"] = "; ".join([kept[name]["keep_tries"],
+                                                      f"{n} {d['budget_status']} in round {r + 1}", *tries])
                 print(f"  {b.strategy.name} x {n}: {d['budget_status']} in round {r + 1}; kept again: {n2} "
                       f"({', '.join(tries) or 'none'}); the rounds start again", flush=True)
                 probe = _overflow_probe(built, plan)

@@ -29,7 +29,9 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,7 +43,7 @@ PARTS = ("store", "read", "kernel", "linear")
 
 class Timers:
     """Inclusive wall time per part, counted once where calls of one part nest (a subclass's ``attend`` calling
-    its parent's)."""
+    its parent's), charged to ``seconds``: the row being stepped points it at its own."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
@@ -59,6 +61,18 @@ class Timers:
                 if self.depth[part] == 0:
                     self.seconds[part] += time.perf_counter() - t
         return timed
+
+
+@dataclass
+class Row:
+    """One batch of the profile: its cache and tokens, its parts' seconds and its steps' times."""
+
+    name: str
+    n: int
+    cache: Any
+    tokens: Any
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    steps: list[float] = field(default_factory=list)
 
 
 def install(timers: Timers) -> None:
@@ -109,29 +123,19 @@ def main() -> None:
     by = {b.strategy.name: b for b in built}
     batches = []
     for name, n in wanted:
-        cache, caches, _, tokens = bench.batch(by[name], n)
+        cache, _, _, tokens = bench.batch(by[name], n)
         for _ in range(2):  # warm-up: first steps allocate, flush pending tokens
             tokens = bench.step(cache, by[name].strategy, tokens)
-        batches.append([name, n, cache, tokens, Timers(), []])
-    # One set of wrappers; each step charges the row being stepped.
-    current: list[Timers] = [batches[0][4]]
-
-    class Router(Timers):
-        def wrap(self, part, fn):
-            @functools.wraps(fn)
-            def timed(*a, **k):
-                return current[0].wrap(part, fn)(*a, **k)
-            return timed
-
-    install(Router())
+        batches.append(Row(name, n, cache, tokens))
+    timers = Timers()
+    install(timers)
     load = os.getloadavg()[0]
     for _ in range(args.steps):
         for row in batches:
-            name, n, cache, tokens, timers, steps = row
-            current[0] = timers
+            timers.seconds = row.seconds  # this step's parts are this row's
             t = time.perf_counter()
-            row[3] = bench.step(cache, by[name].strategy, tokens)
-            steps.append(time.perf_counter() - t)
+            row.tokens = bench.step(row.cache, by[row.name].strategy, row.tokens)
+            row.steps.append(time.perf_counter() - t)
     lines = ["# Where a batched decode step spends its time (measured by `scripts/profile_step.py`)", "",
              f"`PYTHONPATH=. python scripts/profile_step.py --context {args.context} --rows {args.rows} --steps "
              f"{args.steps} --threads {args.threads}`; SmolLM2-135M in bf16, CPU ({cpu_description()}), "
@@ -141,13 +145,13 @@ def main() -> None:
              "| strategy x batch | step ms (median) | store ms | of which read | of which kernel | store beside "
              "the read | linear ms | rest ms | step ms per sequence |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, n, _, _, timers, steps in batches:
-        total = sum(steps) / len(steps) * 1000
-        part = {p: timers.seconds[p] / len(steps) * 1000 for p in PARTS}
+    for row in batches:
+        total = sum(row.steps) / len(row.steps) * 1000
+        part = {p: row.seconds[p] / len(row.steps) * 1000 for p in PARTS}
         rest = total - part["store"] - part["linear"]
-        lines.append(f"| {name} x {n} | {total:.1f} ({statistics.median(steps) * 1000:.1f}) | {part['store']:.1f} "
-                     f"| {part['read']:.1f} | {part['kernel']:.1f} | {part['store'] - part['read']:.1f} | "
-                     f"{part['linear']:.1f} | {rest:.1f} | {total / n:.1f} |")
+        lines.append(f"| {row.name} x {row.n} | {total:.1f} ({statistics.median(row.steps) * 1000:.1f}) | "
+                     f"{part['store']:.1f} | {part['read']:.1f} | {part['kernel']:.1f} | "
+                     f"{part['store'] - part['read']:.1f} | {part['linear']:.1f} | {rest:.1f} | {total / row.n:.1f} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "step_profile.md").write_text("\n".join(lines) + "\n")
