@@ -191,6 +191,11 @@ class TokenChunk(ABC):
             f: getattr(self, f).narrow(d, start, length).clone(memory_format=torch.contiguous_format)
             for f, d in self.TOKEN_DIMS.items()})
 
+    def tokenwise(self) -> bool:
+        """Whether every ``TOKEN_DIMS`` field has one entry per token (what :meth:`narrow` needs, and what lets a
+        token be written into reserved slots, ``ChunkList``'s tail)."""
+        return False
+
     def tensors(self) -> list[torch.Tensor]:
         return [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
 
@@ -301,8 +306,11 @@ class GroupedChunk(TokenChunk):
         return Fused(codes, bits, mode="signed" if codes.dtype == torch.int8 else "unsigned", scale=sides[0],
                      zero=sides[1] if len(sides) > 1 else None, tg=tg, cg=cg)
 
+    def tokenwise(self) -> bool:
+        return self.axis == "token" and self.group_index is None
+
     def narrow(self, start: int, length: int) -> TokenChunk:
-        if self.axis != "token" or self.group_index is not None:
+        if not self.tokenwise():
             raise KVBenchError("only token-axis groups have metadata per token to narrow")
         return super().narrow(start, length)
 
@@ -486,6 +494,9 @@ class Fp8Quant(TokenChunk):
 
     TOKEN_DIMS: ClassVar[dict[str, int]] = {"payload": -2}
 
+    def tokenwise(self) -> bool:
+        return True
+
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         # CPU float8 casts are slow (~10x a gather), so decode through a 256-entry table indexed by the
         # raw bytes; a per-tensor scale is folded into the table, so the product is rounded once.
@@ -595,6 +606,9 @@ class BlockFloat(TokenChunk):
     block_size: int
 
     TOKEN_DIMS: ClassVar[dict[str, int]] = {"mantissas": -2, "exponents": -3}
+
+    def tokenwise(self) -> bool:
+        return True
 
     def signed_mantissas(self) -> torch.Tensor:
         if self.mantissa_bits == 8:

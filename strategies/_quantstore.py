@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -42,6 +42,12 @@ from kvbench.errors import KVBenchError
 from kvbench.quantizers import TokenChunk, gather_tokens, quantize_asymmetric
 
 GROUP_SIZES = (8, 16, 32, 64, 128, 256)
+#: Slots a :class:`ChunkList` tail reserves, and the most tokens an append may have to be written into one (a
+#: decode step's, or a few speculative ones'; never a prefill's or a question's, so a store measured after its
+#: prefill holds exactly its tokens). Held, so counted, as ``full``'s reserve is: at most 31 spare token slots per
+#: stream and layer while decoding.
+TAIL_TOKENS = 32
+TAIL_APPEND = 8
 KIVI_LAYOUTS = ("kivi", "window")
 
 
@@ -107,18 +113,68 @@ class ChunkList:
     """A quantized chunk held as a few pieces along tokens, merged like a binary counter (a piece is merged
     into its predecessor once it is as long, up to one attention block of tokens): appending costs amortised
     O(log B) copies per token instead of the O(T) of concatenating onto one chunk, with T / B + O(log B) pieces.
-    Every piece holds exactly its tokens, so byte accounting is unchanged; :meth:`merged` makes one chunk where
-    one is needed."""
+    :meth:`merged` makes one chunk where one is needed.
+
+    A decode step's few tokens (at most :data:`TAIL_APPEND` of a format with an entry per token in every field,
+    :meth:`kvbench.quantizers.TokenChunk.tokenwise`) are written into a *tail*: a chunk of :data:`TAIL_TOKENS`
+    slots reserved at once, whose filled view is the last piece. A step then copies its token's fields into the
+    next slot instead of making a piece of its own, merging pieces and describing each new one to the kernel
+    (most of a quantized store's append, ``results/perf/step_profile.md``). The reserve is held, so it is counted
+    where bytes are (as ``full``'s reserve is); every other piece holds exactly its tokens: a full tail is an
+    ordinary piece, and one left part-filled when a larger piece arrives is copied to its exact size first.
+    """
 
     def __init__(self) -> None:
         self.pieces: list[TokenChunk] = []
         # Token count per piece, kept beside them: asked for several times per decode step and stream, a
         # chunk's own count is a tensor-shape lookup each time.
         self.lengths: list[int] = []
+        # The tail's whole reserve (a chunk of TAIL_TOKENS slots) while one is being filled; pieces[-1] is its view.
+        self._tail: TokenChunk | None = None
 
     def append(self, piece: TokenChunk) -> None:
+        m = piece.num_tokens
+        tokenwise = getattr(piece, "tokenwise", None)
+        # Never a list's first piece (a prefill, however short): what a store holds after it is its tokens.
+        small = m <= TAIL_APPEND and bool(self.pieces) and tokenwise is not None and tokenwise()
+        if self._tail is not None:
+            if small and type(piece) is type(self._tail) and self.lengths[-1] + m <= TAIL_TOKENS:
+                self._write(piece)
+                return
+            self.seal()
+        if small:
+            self._tail = _reserve(piece, TAIL_TOKENS)
+            self.pieces.append(piece)  # replaced by the tail's view in _write
+            self.lengths.append(0)
+            self._write(piece)
+            return
         self.pieces.append(piece)
-        self.lengths.append(piece.num_tokens)
+        self.lengths.append(m)
+        self._merge()
+
+    def _write(self, piece: TokenChunk) -> None:
+        """``piece``'s tokens into the tail's next slots; a tail filled up becomes an ordinary piece."""
+        n, m = self.lengths[-1], piece.num_tokens
+        fields = type(piece).TOKEN_DIMS
+        for f, d in fields.items():
+            getattr(self._tail, f).narrow(d, n, m).copy_(getattr(piece, f))
+        self.lengths[-1] = n + m
+        self.pieces[-1] = replace(self._tail, **{f: getattr(self._tail, f).narrow(d, 0, n + m)
+                                                             for f, d in fields.items()})
+        if n + m == TAIL_TOKENS:
+            self._tail = None
+            self._merge()
+
+    def seal(self) -> None:
+        """End the tail, if any: its filled slots as a piece in storage of their own (the reserve is freed)."""
+        if self._tail is None:
+            return
+        n = self.lengths[-1]
+        self.pieces[-1] = self.pieces[-1].narrow(0, n)
+        self._tail = None
+        self._merge()
+
+    def _merge(self) -> None:
         # Pieces stop merging at one attention block: a merge copies both pieces, and a copy of the whole chunk
         # would be a step's largest temporary (the decode working set, ``kvbench.workingset``).
         cap = max(blockattn.BLOCK_TOKENS, 1)
@@ -135,18 +191,35 @@ class ChunkList:
             for piece in self.pieces[1:]:
                 whole = whole.cat(piece)
             self.set(whole)
+        else:
+            self.seal()
         return self.pieces[0] if self.pieces else None
 
     def set(self, chunk: TokenChunk | None) -> None:
         self.pieces = [] if chunk is None else [chunk]
         self.lengths = [] if chunk is None else [chunk.num_tokens]
+        self._tail = None
 
     @property
     def num_tokens(self) -> int:
         return sum(self.lengths)
 
+    @property
+    def spare(self) -> int:
+        """Token slots reserved past the held tokens (an open tail's empty ones)."""
+        return 0 if self._tail is None else TAIL_TOKENS - self.lengths[-1]
+
     def tensors(self) -> list[torch.Tensor]:
         return [t for p in self.pieces for t in p.tensors()]
+
+
+def _reserve(piece: TokenChunk, tokens: int) -> TokenChunk:
+    """An empty chunk like ``piece`` with room for ``tokens`` tokens in every per-token field."""
+    def room(t: torch.Tensor, d: int) -> torch.Tensor:
+        shape = list(t.shape)
+        shape[d] = tokens
+        return t.new_empty(shape)
+    return replace(piece, **{f: room(getattr(piece, f), d) for f, d in type(piece).TOKEN_DIMS.items()})
 
 
 class Stream:
@@ -211,6 +284,18 @@ class Stream:
         self.flush(defer=attend_first)
         self.own(x)
         return out
+
+    def push(self, x: torch.Tensor) -> None:
+        """:meth:`add` then :meth:`flush`. A stream that quantizes every token on arrival (``(0, 1)``), holds no
+        residual and keeps no working copy encodes ``x`` straight into its chunk: the same codes, without the
+        residual's concatenation, slices and empty remainder (a decode step's share of a quantized store's time)."""
+        if self.keep or self.multiple != 1 or self.work is not None or self.r is None or self.r.shape[-2]:
+            self.add(x)
+            self.flush()
+            return
+        self._settle()
+        self.dtype = x.dtype
+        self.chunks.append(self.encode(x))
 
     def add(self, x: torch.Tensor) -> None:
         """Append ``x`` to the residual, quantizing nothing yet (:meth:`flush` does)."""
@@ -411,9 +496,10 @@ class QuantizedStore(StreamViews, LayerStore):
         folded into the products) only while attention reads it, the residual read as it is."""
         ks, vs = self._streams()
         for s, x in ((ks, keys), (vs, values)):
-            s.add(x)
-            if not self.attend_before_flush:
-                s.flush()
+            if self.attend_before_flush:
+                s.add(x)
+            else:
+                s.push(x)
         heads = keys.shape[1]
         out = blockattn.attend(query, blockattn.TokenRun(ks.parts(), heads), blockattn.TokenRun(vs.parts(), heads),
                                mask, scaling, softcap)
@@ -422,6 +508,12 @@ class QuantizedStore(StreamViews, LayerStore):
                 s.flush()
             s.own(x)
         return out
+
+    def compact(self) -> None:
+        """After a chunk of a chunked prefill: no reserved slots held (see :class:`ChunkList`)."""
+        for s in (self.ks, self.vs):
+            if s is not None:
+                s.chunks.seal()
 
     def materialize(self) -> tuple[torch.Tensor, torch.Tensor]:
         """All held tokens in the model dtype."""

@@ -103,6 +103,11 @@ class Fp8Store(LayerStore):
         return blockattn.attend(query, blockattn.TokenRun(self.kc.pieces, heads),
                                 blockattn.TokenRun(self.vc.pieces, heads), mask, scaling, softcap)
 
+    def compact(self) -> None:
+        """After a chunk of a chunked prefill: no reserved slots held (see ``ChunkList``)."""
+        self.kc.seal()
+        self.vc.seal()
+
     def select_tokens(self, index: torch.Tensor) -> None:
         """Exact: FP8 elements are independent and the scales do not depend on the tokens kept."""
         k, v = self.k, self.v

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from kvbench.strategies._quantstore import TAIL_TOKENS
 from kvbench.strategies.base import LayerCapture, LayerStore, Strategy
 
 from kvbench import strategies
@@ -68,7 +69,10 @@ def test_int8_bytes_are_payload_plus_scales(tiny_model, tiny_ids):
         tiny_model(input_ids=tiny_ids[:, :3], cache=cache, use_cache=True)  # decode-time appends
     t = tiny_ids.shape[1] + 3
     h, d = cfg.num_key_value_heads, cfg.head_dim
-    per_layer = 2 * (t * h * d * 1 + t * h * (d // 8) * 2)  # K and V: int8 codes + one fp16 scale per group
+    per_token = h * d * 1 + h * (d // 8) * 2  # int8 codes + one fp16 scale per group
+    # K and V: every token, and the slots the decode-time append reserved past them (a ChunkList tail, counted
+    # as full's reserve is: held memory)
+    per_layer = 2 * per_token * (t + TAIL_TOKENS - 3)
     assert cache.kv_bytes() == cfg.num_hidden_layers * per_layer
     assert cache.kv_bytes_fp16() == cfg.num_hidden_layers * 2 * t * h * d * 2
     for layer in cache.layers:

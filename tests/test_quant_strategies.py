@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from kvbench.strategies._quantstore import TAIL_TOKENS
 from kvbench.strategies.base import LayerCapture, held_bytes
 
 from kvbench import strategies
@@ -168,6 +169,27 @@ def _expected_bytes(name: str, params: dict, t: int, h: int, d: int, decode: int
     raise AssertionError(name)
 
 
+def _reserved_bytes(name: str, params: dict, h: int, d: int, decode: int) -> int:
+    """Bytes of the slots reserved past the held tokens after ``decode`` single-token steps: a stream whose decode
+    steps each quantize one token of a per-token format writes it into a tail of ``TAIL_TOKENS`` slots
+    (``strategies/_quantstore.py``), so ``-decode mod TAIL_TOKENS`` slots are held empty, counted as ``full``'s
+    reserve is. From the formats' flush rules: int8/bfp/fp8 quantize every token on arrival (int8's channel axis
+    a group at a time; fp8's dense read, which these steps take, merges its pieces, tail included); KIVI's values
+    flush one token per step (its window layout a group at a time)."""
+    p = {f.name: f.default for f in dataclasses.fields(strategies.strategy_class(name))} | params
+    spare = -decode % TAIL_TOKENS
+    if name == "int8" and p["axis"] == "token":
+        per_token = 2 * h * (d + 2 * (d // min(p["group_size"], d)))  # K and V: codes and float16 scales
+    elif name == "bfp":
+        per_token = 2 * h * (d * p["mantissa_bits"] // 8 + d // min(p["block_size"], d))
+    elif name in ("int4", "int2") and p["residual_layout"] == "kivi":  # values only
+        bits, g = (4 if name == "int4" else 2), min(p["group_size"], d)
+        per_token = h * (d * bits // 8 + (d // g) * 2 * 2)
+    else:
+        return 0
+    return spare * per_token
+
+
 BYTE_CASES = [
     ("int8", {}), ("int8", {"group_size": 32}), ("int8", {"axis": "channel", "group_size": 32}),
     ("int4", {}), ("int4", {"group_size": 64, "residual_length": 64}), ("int2", {}),
@@ -194,7 +216,7 @@ def test_measured_bytes_match_the_bit_budget(case: tuple[str, dict]) -> None:
     cache = _synthetic_cache(name, params, prefill, decode=decode)
     t = prefill + decode
     assert cache.held_tokens() == [t, t] and cache.get_seq_length() == t
-    want = 2 * _expected_bytes(name, params, t, 3, 64, decode)
+    want = 2 * (_expected_bytes(name, params, t, 3, 64, decode) + _reserved_bytes(name, params, 3, 64, decode))
     assert cache.kv_bytes() == pytest.approx(want, rel=0.01)
     assert cache.kv_bytes_fp16() == 2 * 2 * t * 3 * 64 * 2
     assert cache.stats()["bits_per_element"] == pytest.approx(8 * cache.kv_bytes() / (2 * 2 * t * 3 * 64))
@@ -323,9 +345,14 @@ def test_decode_holds_few_pieces_and_merges_them_exactly() -> None:
         assert len(tensors) <= 2 * per_piece * 10 + 2  # log2(340) < 10 pieces per tensor, plus the residuals
         assert store.num_tokens() == 340
         merged_before = held_bytes(store.tensors())
+        spare = (store.kc if name == "fp8" else store.ks.chunks).spare  # type: ignore[attr-defined]
         k = store.k if name == "fp8" else store.qk  # type: ignore[attr-defined]  # merges the pieces
         assert k.num_tokens == (340 if name != "int4" else 336)
-        assert held_bytes(store.tensors()) == merged_before  # merging changes no byte
+        # Merging changes no byte but the keys' reserved tail slots (ChunkList), which it frees; fp8's dense read
+        # merges at every step, int4's keys are grouped along channels.
+        assert spare == (0 if name in ("fp8", "int4") else -300 % TAIL_TOKENS)
+        per_token = held_bytes(k.tensors()) // k.num_tokens
+        assert held_bytes(store.tensors()) == merged_before - spare * per_token
 
 
 def test_fp8_scale_is_fixed_and_saturation_reported() -> None:

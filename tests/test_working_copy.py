@@ -142,23 +142,80 @@ def test_select_tokens_keeps_the_decoded_values() -> None:
 
 def test_chunk_list_counts_follow_its_pieces() -> None:
     """The token counts :class:`ChunkList` keeps beside its pieces (so a decode step does not ask every piece)
-    stay equal to the pieces' own counts through binary-counter merges, a merge into one chunk and a reset,
-    and the pieces decode to the tokens appended, in order."""
+    stay equal to the pieces' own counts through binary-counter merges (of every piece but an open tail), a
+    merge into one chunk and a reset, and the pieces decode to the tokens appended, in order."""
     from kvbench.strategies._quantstore import ChunkList
 
     from kvbench.quantizers import quantize_int8
 
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(1, 2, 40, 16, generator=gen)
+    x = torch.randn(1, 2, 120, 16, generator=gen)
     chunks, start = ChunkList(), 0
-    for n in (1, 1, 3, 1, 2, 5, 1, 1, 1, 8, 2, 1):
+    for n in (1, 1, 3, 1, 2, 5, 1, 1, 1, 8, 2, 1, 9, 12, 1, 1, 30, 4, 8, 8, 8, 8, 1):
         chunks.append(quantize_int8(x[..., start:start + n, :], 16))
         start += n
         assert chunks.lengths == [p.num_tokens for p in chunks.pieces] and chunks.num_tokens == start
-        assert chunks.lengths == sorted(set(chunks.lengths), reverse=True), "merged like a binary counter"
+        done = chunks.lengths[:-1] if chunks.spare else chunks.lengths
+        assert done == sorted(set(done), reverse=True), "merged like a binary counter"
     whole = torch.cat([p.dequantize(torch.float32) for p in chunks.pieces], dim=-2)
     assert torch.equal(whole, quantize_int8(x[..., :start, :], 16).dequantize(torch.float32))
     merged = chunks.merged()
     assert merged is not None and chunks.lengths == [start] == [merged.num_tokens]
     chunks.set(None)
     assert chunks.lengths == [] and chunks.num_tokens == 0 and chunks.merged() is None
+
+
+def test_a_decode_steps_tokens_go_into_a_reserved_tail_that_is_counted_and_sealed_exactly() -> None:
+    """Single tokens after the first piece are written into a tail of ``TAIL_TOKENS`` reserved slots: the pieces
+    read the same codes as pieces of their own would, the reserve is held (counted), a filled tail is an ordinary
+    piece holding exactly its tokens, and a larger piece, ``merged`` or ``seal`` leaves no spare slot."""
+    from kvbench.strategies._quantstore import TAIL_APPEND, TAIL_TOKENS, ChunkList
+    from kvbench.strategies.base import held_bytes
+
+    from kvbench.quantizers import quantize_int8
+
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 2, 3 * TAIL_TOKENS + 40, 16, generator=gen)
+    per_token = 2 * 16 + 2 * 2  # int8 codes and one float16 scale per head and token
+    chunks = ChunkList()
+    chunks.append(quantize_int8(x[..., :20, :], 16))
+    assert chunks.spare == 0 and held_bytes(chunks.tensors()) == 20 * per_token, "a first piece is never a tail"
+    for t in range(20, 20 + TAIL_TOKENS + 5):
+        chunks.append(quantize_int8(x[..., t:t + 1, :], 16))
+        assert chunks.num_tokens == t + 1
+        assert held_bytes(chunks.tensors()) == (t + 1 + chunks.spare) * per_token
+    assert chunks.spare == TAIL_TOKENS - 5 and chunks.lengths[-1] == 5  # one tail filled, the next one open
+    whole = torch.cat([p.dequantize(torch.float32) for p in chunks.pieces], dim=-2)
+    end = 20 + TAIL_TOKENS + 5
+    assert torch.equal(whole, quantize_int8(x[..., :end, :], 16).dequantize(torch.float32))
+    chunks.append(quantize_int8(x[..., end:end + TAIL_APPEND + 1, :], 16))  # too many for a tail: sealed first
+    end += TAIL_APPEND + 1
+    assert chunks.spare == 0 and held_bytes(chunks.tensors()) == end * per_token
+    chunks.append(quantize_int8(x[..., end:end + 1, :], 16))
+    assert chunks.spare == TAIL_TOKENS - 1
+    chunks.seal()
+    assert chunks.spare == 0 and held_bytes(chunks.tensors()) == (end + 1) * per_token
+    chunks.append(quantize_int8(x[..., end + 1:end + 2, :], 16))
+    merged = chunks.merged()
+    assert merged is not None and chunks.spare == 0 and held_bytes(merged.tensors()) == (end + 2) * per_token
+    want = quantize_int8(x[..., :end + 2, :], 16).dequantize(torch.float32)
+    assert torch.equal(merged.dequantize(torch.float32), want)
+
+
+def test_a_chunked_prefill_leaves_a_quantized_store_holding_exactly_its_tokens() -> None:
+    """``compact`` (called after each chunk of a chunked prefill) seals the tails, so a store measured after its
+    prefill holds no reserved slot however small the chunks."""
+    from kvbench.strategies import build
+    from kvbench.strategies._quantstore import TAIL_TOKENS
+
+    for name in ("int8", "fp8", "bfp"):
+        store = build(name).new_layer(0, 1)
+        k, v = torch.randn(1, 2, 24, 16).to(torch.bfloat16), torch.randn(1, 2, 24, 16).to(torch.bfloat16)
+        store.prefill(k[..., :8, :], v[..., :8, :], None)
+        chunks = [store.kc, store.vc] if name == "fp8" else [store.ks.chunks, store.vs.chunks]
+        for t in range(8, 24, 2):
+            q = torch.randn(1, 2, 2, 16).to(torch.bfloat16)
+            store.attend(q, k[..., t:t + 2, :], v[..., t:t + 2, :], None, 0.25)  # what a chunk's attention calls
+            assert all(c.spare == TAIL_TOKENS - 2 for c in chunks), name  # a 2-token chunk opened a tail
+            store.compact()
+            assert all(c.spare == 0 for c in chunks), name
