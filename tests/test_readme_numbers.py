@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECKS = (ROOT / "results" / "headline" / "claim_check.md", ROOT / "results" / "claim_check.md")
+CHECKS = (ROOT / "results" / "headline" / "claim_check.md", ROOT / "results" / "claim_check.md",
+          ROOT / "results" / "confirm" / "claim_check.md")
 STATEMENT = re.compile(r"\b(int8|fp8|bfp)\b.*\b(holds|fails|undetermined)\b|\b(holds|fails|undetermined)\b.*"
                        r"\b(int8|fp8|bfp)\b", re.I)
 S = r"([+-]\d+\.\d+)"

@@ -190,6 +190,10 @@ def _render_headline(check: SettingCheck, h2: str, sequential: bool = False) -> 
                 deciding = f"{_p_cell(v.look.p_decided)} < " if v.look.decided_at else ""
                 level = (f"{deciding}{_p_cell(v.look.level)} (look {at}{state}){rci}" if v.look.share != 0
                          else "gated: no alpha until the same strategy's pooled hypothesis is rejected")
+                if v.look.decided_at and v.look.futile:
+                    # Futility is the holds p *above* the boundary (as a p); both near 1, so shown to 4 digits.
+                    level = (f"{v.look.p_decided:.4g} > {v.look.level:.4g} (look {at}, futility boundary: "
+                             "stopped)")
                 p_cells = f"{_p_cell(v.p_holds)} | {_p_cell(v.p_fails)} | {level}"
             else:
                 p_cells = f"{_p_cell(v.p_holds_adj)} | {_p_cell(v.p_fails_adj)}"
