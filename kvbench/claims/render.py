@@ -188,12 +188,13 @@ def _render_headline(check: SettingCheck, h2: str, sequential: bool = False) -> 
                 rci = f": {v.look.repeated_text()}" if v.look.repeated_text() else ""
                 state = ", decided" if v.look.decided_at else ", the last" if v.look.final else ""
                 deciding = f"{_p_cell(v.look.p_decided)} < " if v.look.decided_at else ""
-                level = (f"{deciding}{_p_cell(v.look.level)} (look {at}{state}){rci}" if v.look.share != 0
-                         else "gated: no alpha until the same strategy's pooled hypothesis is rejected")
                 if v.look.decided_at and v.look.futile:
                     # Futility is the holds p *above* the boundary (as a p); both near 1, so shown to 4 digits.
-                    level = (f"{v.look.p_decided:.4g} > {v.look.level:.4g} (look {at}, futility boundary: "
-                             "stopped)")
+                    level = f"{v.look.p_decided:.4g} > {v.look.level:.4g} (look {at}, futility boundary: stopped)"
+                elif v.look.share != 0:
+                    level = f"{deciding}{_p_cell(v.look.level)} (look {at}{state}){rci}"
+                else:
+                    level = "gated: no alpha until the same strategy's pooled hypothesis is rejected"
                 p_cells = f"{_p_cell(v.p_holds)} | {_p_cell(v.p_fails)} | {level}"
             else:
                 p_cells = f"{_p_cell(v.p_holds_adj)} | {_p_cell(v.p_fails_adj)}"
