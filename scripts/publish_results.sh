@@ -2,7 +2,7 @@
 # Regenerate every committed table, claim check and plot from the stores already measured — nothing is run.
 #
 #   scripts/publish_results.sh             # results/ (all 18 strategies), results/headline/, results/long8k/,
-#                                          # results/confirm/ (the confirmatory study)
+#                                          # results/confirm/ (the confirmatory study), then docs/advise.md
 #
 # results/store holds the leaderboard sweep (scripts/reproduce_leaderboard.sh, in rounds); results/headline/store
 # the claim-focused headline sweep (scripts/reproduce_headline.sh). Both are spec v1.2 records; each directory is
@@ -67,3 +67,6 @@ if [[ -d results/confirm/store ]]; then
   designed results/confirm confirm \
     "${CONFIRM_CMD:-kvbench sweep confirm (rounds of 16 questions per job; finished questions are reused)}"
 fi
+# docs/advise.md advises from every committed leaderboard (per strategy and task, the row with the most questions),
+# so a republished table can change its advice: it is regenerated after them.
+"$PY" scripts/advise_docs.py >/dev/null
