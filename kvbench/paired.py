@@ -26,6 +26,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from kvbench import fmt, scoretest, sequential, stats
+from kvbench.errors import KVBenchError
 from kvbench.spec import binary_metric
 from kvbench.stats import CI_LEVEL, POWER
 
@@ -346,6 +347,9 @@ class Look:
     charged: bool = False  # the deciding look is one published before the design was registered (charged)
     exploratory: bool = False  # the scope is outside the design's family (spec v1.2 §2.6)
     futile: bool = False  # decided_at is where the statistic fell below the futility boundary (``level``: its p)
+    # The member left the sweep after this look, once its verdict was final (docs/confirm.md): this scope's
+    # comparison is that look's and it is tested no further (0: sampled to ``look``).
+    stopped_at: int = 0
 
     def repeated_text(self) -> str:
         lo, hi = self.repeated
@@ -362,6 +366,10 @@ class Look:
             return (f"group-sequential, decided at look {self.decided_at} of {self.n_looks}{early}: one-sided p = "
                     f"{_p(self.p_decided)}, below that look's level {_p(self.level)} ({self.spending} boundary "
                     f"of its share of alpha {_p(self.share)})")
+        if self.stopped_at:
+            return (f"group-sequential, not sampled after look {self.stopped_at} of {self.n_looks} ({self.contexts} "
+                    f"contexts per task), where the member's verdict was final: one-sided p = {_p(p_holds)} (holds) "
+                    f"and {_p(p_fails)} (fails) there, no longer tested")
         if not self.look:
             return "group-sequential: before the first look, no verdict"
         if self.share == 0:
@@ -524,19 +532,26 @@ def noninferiority_through_looks(records: pd.DataFrame, strategies: Sequence[str
     def part(recs: pd.DataFrame, sc: str) -> pd.DataFrame:
         return recs if sc == POOLED else recs[recs["task"] == sc]
 
-    index = sequential.context_index(records)  # parsed once, not once per look
-    last = sequential.complete_looks(records, design, [*strategies, baseline], index)
+    index = sequential.context_index(records, design.first_context)  # parsed once, not once per look
+    # A member dropped from the sweep once decided holds records to its last look only: the study's looks are
+    # the baseline's and the members' still sampled, and a dropped member's hypotheses are not tested after it.
+    ended = sequential.stopped(records, design, strategies, baseline, index)
+    last = sequential.complete_looks(records, design, [*(s for s in strategies if s not in ended), baseline], index)
     per_look = []
     for j in range(1, last + 1):
         at = sequential.at_look(records, design, j, index)
         per_look.append({(sc, s): c for sc in scopes for s in strategies
-                         if (c := compare(part(at, sc), s, baseline)) is not None})
-    current = per_look[-1] if per_look else {
-        (sc, s): c for sc in scopes for s in strategies if (c := compare(part(records, sc), s, baseline)) is not None}
+                         if ended.get(s, j) >= j and (c := compare(part(at, sc), s, baseline)) is not None})
+    current = {}
+    for look in per_look:  # each hypothesis's latest look: a dropped member's is its last sampled one
+        current.update(look)
+    if not per_look:
+        current = {(sc, s): c for sc in scopes for s in strategies
+                   if (c := compare(part(records, sc), s, baseline)) is not None}
     key = "\t".join
     if design.statistic == scoretest.NAME:  # the registered statistic, not the intervals' p-values
-        tests = [{key((sc, s)): t for sc in scopes for s in strategies
-                  if (t := score(part(sequential.at_look(records, design, j, index), sc), s, baseline, margin))}
+        tests = [{key((sc, s)): t for sc in scopes for s in strategies if ended.get(s, j) >= j
+                  and (t := score(part(sequential.at_look(records, design, j, index), sc), s, baseline, margin))}
                  for j in range(1, last + 1)]
         ph = [{h: t.p_holds for h, t in look.items()} for look in tests]
         pf = [{h: t.p_fails for h, t in look.items()} for look in tests]
@@ -569,13 +584,22 @@ def noninferiority_through_looks(records: pd.DataFrame, strategies: Sequence[str
         for look in (*ph[j:], *pf[j:]):
             look.pop(h, None)
         held, open_held, failed, open_failed, shares = judge(ph, pf)
+    if not exploratory:
+        _refuse_undecided_drops(ended, scopes, held, failed, futile, design, last)
     out = []
     for (sc, s), c in current.items():
         if sc != want:
             continue
         h = key((sc, s))
-        base = dict(look=last, n_looks=design.n_looks, contexts=design.contexts(last) if last else 0,
+        own = ended.get(s, last)
+        base = dict(look=own, n_looks=design.n_looks, contexts=design.contexts(own) if own else 0,
                     spending=design.spending_name, exploratory=exploratory)
+        if s in ended and not (h in futile or h in held or h in failed):
+            # Dropped once its gate (the pooled hypothesis) was decided: this scope stays as its last look left it.
+            note = Look(**base, stopped_at=own)
+            out.append(NonInferiority(c, margin, c.p_greater(-margin), c.p_less(-margin), float("nan"),
+                                      float("nan"), len(current), UNDETERMINED, note))
+            continue
         if h in futile:  # sampling stopped there: a later crossing does not count
             at, share, bound = futile[h]
             note = Look(**base, decided_at=at, level=bound, share=share, p_decided=ph[at - 1][h], futile=True)
@@ -608,6 +632,21 @@ def noninferiority_through_looks(records: pd.DataFrame, strategies: Sequence[str
         out.append(NonInferiority(c, margin, c.p_greater(-margin), c.p_less(-margin), float("nan"), float("nan"),
                                   len(current), verdict, note, sens))
     return out
+
+
+def _refuse_undecided_drops(ended: Mapping[str, int], scopes: Sequence[str], held: Mapping, failed: Mapping,
+                            futile: Mapping, design: sequential.Design, last: int) -> None:
+    """One :class:`KVBenchError` when a member left the sweep before its verdict was final: its gate (the pooled
+    hypothesis; without one, every scope's) must be held, failed or stopped for futility at or before the last
+    look it was sampled to (docs/confirm.md), or the looks after it would judge the others without it."""
+    for s, k in sorted(ended.items()):
+        gate = ["\t".join((sc, s)) for sc in scopes if sc == POOLED] or ["\t".join((sc, s)) for sc in scopes]
+        open_ = [h.split("\t")[0] for h in gate if not any(h in d and d[h][0] <= k for d in (held, failed, futile))]
+        if open_:
+            raise KVBenchError(
+                f"{s} has no records after look {k} ({design.contexts(k)} contexts per task) while the study holds "
+                f"look {last}, but its verdict ({', '.join(open_)}) was not final at look {k}: a member leaves the "
+                "sweep only once decided (docs/confirm.md) — run its later contexts")
 
 
 def score(records: pd.DataFrame, a: str, b: str, margin: float = MARGIN_PP) -> scoretest.ScoreTest | None:

@@ -195,9 +195,13 @@ def load(name: str | Path) -> Registration:
     if declared and not str(post.get("reason", "")).strip():
         raise _fail(path, "a post-hoc declaration needs its reason")
     statistic, beta, drift = _confirmatory(path, data)
+    samples = data.get("samples") or {}
+    first = samples.get("first_context") if isinstance(samples, Mapping) else None
+    if first is not None and (isinstance(first, bool) or not isinstance(first, int) or first < 0):
+        raise _fail(path, f"samples.first_context must be an integer >= 0 (got {first!r})")
     design = sequential.Design(data["planned_contexts"], data["look_every"], str(data["spending"]),
                                earlier if declared else (), tuple(scopes), str(data["multiplicity"]),
-                               statistic, beta, drift, tuple(str(m) for m in data.get("members") or ()))
+                               statistic, beta, drift, tuple(str(m) for m in data.get("members") or ()), first)
     sha = content_hash(data)
     when, commit = registered_at(path, sha)
     return Registration(path, data, sha, design, declared, str(post.get("reason", "")).strip(), earlier, when,

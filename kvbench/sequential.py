@@ -80,6 +80,10 @@ class Design:
     drift: float = float("nan")
     # The family's members by label, declared before the data (a confirmatory design); (): the memory band decides.
     members: tuple[str, ...] = ()
+    # The number of the design's first context (its ``samples.first_context``): a record's place in the design is
+    # its context number less this, whichever run wrote it. None: the records' own ``index`` (a run's count from
+    # its first sample), for designs that name no sample range.
+    first_context: int | None = None
     registered: str = field(default="", compare=False)
     post_hoc: str = field(default="", compare=False)
 
@@ -300,22 +304,30 @@ def nominal_level(alpha: float, design: Design, look: int) -> float:
 # ------------------------------------------------------------------------------------------------- looks
 
 
-def context_index(records: pd.DataFrame) -> pd.Series:
-    """Each record's context index within its task: ``sample_meta["index"]``, else the trailing number of
-    ``context_id`` (``legal/retrieval/057``); -1 where neither is recorded."""
+def context_index(records: pd.DataFrame, first_context: int | None = None) -> pd.Series:
+    """Each record's context index within its task; -1 where it cannot be read.
+
+    With ``first_context`` (a design's ``samples.first_context``): the trailing number of ``context_id``
+    (``legal/retrieval/1057``) less it, so a run that continues the design from a later context (members dropped
+    once decided: another run) places its records where they belong. Without: ``sample_meta["index"]`` (a run's
+    count from its first sample), else that trailing number."""
     out = []
     metas = records["sample_meta"] if "sample_meta" in records else [None] * len(records)
     ctxs = records["context_id"] if "context_id" in records else [None] * len(records)
     for meta, ctx in zip(metas, ctxs, strict=True):
         idx = None
-        if isinstance(meta, str):
-            try:
-                idx = json.loads(meta).get("index")
-            except (ValueError, AttributeError):
-                idx = None
-        if not isinstance(idx, int) and isinstance(ctx, str) and (m := re.search(r"(\d+)$", ctx)):
-            idx = int(m.group(1))
-        out.append(idx if isinstance(idx, int) else -1)
+        number = re.search(r"(\d+)$", ctx) if isinstance(ctx, str) else None
+        if first_context is not None:
+            idx = int(number.group(1)) - first_context if number else None
+        else:
+            if isinstance(meta, str):
+                try:
+                    idx = json.loads(meta).get("index")
+                except (ValueError, AttributeError):
+                    idx = None
+            if not isinstance(idx, int) and number:
+                idx = int(number.group(1))
+        out.append(idx if isinstance(idx, int) and idx >= 0 else -1)
     return pd.Series(out, index=records.index, dtype=int)
 
 
@@ -326,7 +338,7 @@ def complete_looks(records: pd.DataFrame, design: Design, strategies: Sequence[s
     :func:`context_index` of ``records`` when the caller has it."""
     if records.empty:
         return 0
-    idx = context_index(records) if index is None else index
+    idx = context_index(records, design.first_context) if index is None else index
     done = design.n_looks
     for task in records["task"].unique():
         for s in strategies:
@@ -339,10 +351,39 @@ def complete_looks(records: pd.DataFrame, design: Design, strategies: Sequence[s
     return done
 
 
+def stopped(records: pd.DataFrame, design: Design, members: Sequence[str], baseline: str,
+            index: pd.Series | None = None) -> dict[str, int]:
+    """Members whose sampling stopped before the study's look (each one's last complete look).
+
+    The baseline is sampled to the end: its last complete look L is where the study can be. A member stopped
+    when, in no task, it holds the last context of look L while its own last complete look is earlier: it left
+    the sweep (docs/confirm.md: only once its verdict is final; the judge checks that), whatever it measured
+    past its own look before leaving. A member that reaches look L's last context somewhere is still being
+    sampled, and a gap in it holds the study's look back, as before."""
+    if records.empty:
+        return {}
+    idx = context_index(records, design.first_context) if index is None else index
+    own = records["strategy"] == baseline
+    if not own.any():
+        return {}
+    look = complete_looks(records, design, [baseline], idx)
+    if not look:
+        return {}
+    out = {}
+    for s in members:
+        mine = records["strategy"] == s
+        if not mine.any():
+            continue
+        reach = complete_looks(records, design, [s], idx)  # every task of the records, its own or not
+        if reach < look and not bool((idx[mine] >= design.contexts(look) - 1).any()):
+            out[s] = reach
+    return out
+
+
 def at_look(records: pd.DataFrame, design: Design, look: int, index: pd.Series | None = None) -> pd.DataFrame:
     """The records of look ``look``: every task's contexts below its count (``index`` as in
     :func:`complete_looks`)."""
-    idx = context_index(records) if index is None else index
+    idx = context_index(records, design.first_context) if index is None else index
     return records[idx.between(0, design.contexts(look) - 1)]
 
 

@@ -74,6 +74,9 @@ def render_claims(check: ClaimCheck) -> str:
                  "contexts of every task)" if look else "No look is complete yet: the figures are every record "
                  "measured, and no headline verdict is reached")
         later = f"; {after:,} records measured after it wait for the next look" if after else ""
+        if m.get("stopped"):  # members dropped once decided: their figures are their own last look's
+            later += (f"; not sampled after the look named, each once its verdict was final there (docs/confirm.md),"
+                      f" so its figures are that look's: {m['stopped']}")
         lines += [
             f"**Group-sequential design** (spec v1.2 §2.5): this store grows in rounds and is judged while it grows, "
             f"so the headline's verdicts are taken only at pre-registered looks — {check.design.describe()}. "

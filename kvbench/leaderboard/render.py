@@ -190,7 +190,9 @@ def _header_lines(lb: Leaderboard, style: type = fmt.Markdown) -> list[str]:
           f"of {t(m['n_looks'])} ({t(m['look_contexts'])} contexts of every task); verdicts are taken at the "
           f"design's looks against their nominal levels, not at 0.025 ({t(m['design'])})"
           + (f"; {t(m['after_look'])} record(s) measured after this look wait for the next one" if
-             m.get("after_look", "0") != "0" else "") + "."]
+             m.get("after_look", "0") != "0" else "")
+          + (f"; not sampled after the look named, each once its verdict was final there, so its row is that "
+             f"look's: {t(m['stopped'])}" if m.get("stopped") else "") + "."]
          if m.get("look", "0") != "0" else
          [f"{style.bold('Group-sequential')} (spec v1.2 §2.5): no look of the design is complete yet "
           f"({t(m['design'])}): every figure is interim, over every record measured so far, and no verdict below "

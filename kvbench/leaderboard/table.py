@@ -379,11 +379,20 @@ def build(records: pd.DataFrame, filters: Filters | None = None, sort: str | Non
     check_comparable(chosen)
     look_meta = {}
     if design is not None and not chosen.empty:
-        look = sequential.complete_looks(chosen, design, sorted(set(chosen["strategy"])))
-        at = sequential.at_look(chosen, design, look)
+        _refuse_counted_twice(chosen)
+        index = sequential.context_index(chosen, design.first_context)
+        members = sorted(set(chosen["strategy"]) - {BASELINE})
+        ended = sequential.stopped(chosen, design, members, BASELINE, index)
+        look = sequential.complete_looks(chosen, design, [BASELINE, *(s for s in members if s not in ended)], index)
+        at = sequential.at_look(chosen, design, look, index)
+        for s, k in ended.items():  # a dropped member's figures are its own last look's
+            at = at[(at["strategy"] != s) | (index[at.index] < design.contexts(k))]
+        # records waiting for the next look (a dropped member's past its own look wait for none)
+        waiting = int((~chosen["strategy"].isin(ended)).sum() - (~at["strategy"].isin(ended)).sum()) if look else 0
         look_meta = {"design": design.describe(), "look": str(look), "n_looks": str(design.n_looks),
-                     "look_contexts": str(design.contexts(look) if look else 0),
-                     "after_look": str(len(chosen) - len(at) if look else 0)}
+                     "look_contexts": str(design.contexts(look) if look else 0), "after_look": str(waiting),
+                     # members dropped from the sweep once decided, each with the last look it was sampled to
+                     "stopped": "; ".join(f"{s} (look {k})" for s, k in sorted(ended.items()))}
         if look:
             chosen = at
     if BASELINE not in set(chosen["strategy"]):
@@ -439,6 +448,23 @@ def build(records: pd.DataFrame, filters: Filters | None = None, sort: str | Non
     }
     lb = Leaderboard(table=table, summary=summary, records=paired, tasks=tasks, meta=meta, design=design)
     return sort_leaderboard(lb, sort or DEFAULT_SORT, reverse)
+
+
+def _refuse_counted_twice(records: pd.DataFrame) -> None:
+    """One :class:`KVBenchError` when two runs under a design hold the same question for one strategy under
+    different sample metadata (a run continuing the design from a later context numbers its samples from 0): the
+    pairing key would count that question twice."""
+    dup = records[records.duplicated(["task", "strategy", "sample_id"], keep=False)]
+    if dup.empty:
+        return
+    keyed = dup.assign(_meta=[json_text(m) for m in dup.get("sample_meta", pd.Series(None, index=dup.index))])
+    twice = keyed.groupby(["task", "strategy", "sample_id"])["_meta"].nunique()
+    twice = twice[twice > 1]
+    if not twice.empty:
+        task, strategy, sample = twice.index[0]
+        raise KVBenchError(f"{len(twice)} question(s) are held by two runs under different sample metadata, e.g. "
+                           f"{strategy!r} on {sample!r} ({task}): a design counts each question once — remove the "
+                           "later run's records of the contexts the earlier run holds")
 
 
 def _distinct(values: pd.Series) -> list[str]:
