@@ -55,14 +55,14 @@ from typing import Any, List, Optional  # noqa: UP035  (OmegaConf reads these ty
 from kvbench import calc
 from kvbench.errors import KVBenchError
 from kvbench.hardware import HardwareProfile, attention_flops, profile_roofline
-from kvbench.leaderboard.table import BEYOND, UNDECIDED_IN, UNDECIDED_OUT, WITHIN, margin_pp, task_lengths
+from kvbench.leaderboard.table import BEYOND, STOPPED, UNDECIDED_IN, UNDECIDED_OUT, WITHIN, margin_pp, task_lengths
 from kvbench.vocab import BASELINE, OFFLOADING_FAMILIES, OVERALL, QUERY_AGNOSTIC, SETTINGS, setting_of
 
 CONFIG_NAME = "advise"
 NOT_MEASURED = "never measured on this task"
 EXACT = "exact"  # the baseline's verdict: it is the reference every Δ is measured against
 #: Evidence tiers, best first: what the recommendation may choose (the first two) and what it may not.
-TIERS = {WITHIN: 0, UNDECIDED_IN: 1, NOT_MEASURED: 2, UNDECIDED_OUT: 3, BEYOND: 4}
+TIERS = {WITHIN: 0, UNDECIDED_IN: 1, NOT_MEASURED: 2, UNDECIDED_OUT: 3, STOPPED: 4, BEYOND: 5}
 ADMISSIBLE = 1  # tiers up to this one may be recommended
 #: What is tried when nothing admissible fits as asked: sharding over more identical accelerators (up to one node of
 #: 8), and weights held in fewer bytes per parameter (weight quantisation's own accuracy cost is not measured here).

@@ -16,7 +16,8 @@ from test_claims import _records
 from kvbench import scoretest, sequential
 from kvbench.errors import KVBenchError
 from kvbench.leaderboard import build, render_claim_check, render_markdown
-from kvbench.paired import FAILS, HOLDS, noninferiority_through_looks
+from kvbench.leaderboard.table import STOPPED
+from kvbench.paired import FAILS, FUTILE, HOLDS, noninferiority_through_looks
 from kvbench.sequential import Design
 
 FIRST, CONTEXTS, QUESTIONS, TASKS = 1000, 16, 8, ("legal", "papers")
@@ -119,3 +120,16 @@ def test_a_member_that_measured_past_its_last_look_before_leaving_is_stopped_the
     assert lb.meta["after_look"] == "0"  # its 4 contexts past look 1 wait for no look
     for page in (render_claim_check(lb), render_markdown(lb)):
         assert "not sampled after the look named" in page and "bad (look 1)" in page
+
+
+def test_the_leaderboard_says_stopped_for_futility_where_the_claim_check_does():
+    recs = _study()
+    judged = {v.comparison.a: v.verdict for v in noninferiority_through_looks(recs, ["bad", "good", "weak"], "full",
+                                                                              DESIGN)}
+    assert FUTILE in judged.values()  # at the 1-point margin, 128 questions a look decide no small loss
+    lb = build(recs, design=DESIGN)
+    shown = dict(zip(lb.table["strategy"], lb.table["all.verdict"], strict=True))
+    for member, verdict in judged.items():
+        if verdict == FUTILE:
+            assert shown[member] == STOPPED == verdict
+    assert "(not shown to hold, sampling stopped; not shown to fail)" in render_markdown(lb)

@@ -24,6 +24,7 @@ from kvbench.leaderboard.table import (
     OFFLOADING,
     RANKED,
     REFERENCE,
+    STOPPED,
     UNDECIDED_IN,
     UNDECIDED_OUT,
     WITHIN,
@@ -182,7 +183,9 @@ def _header_lines(lb: Leaderboard, style: type = fmt.Markdown) -> list[str]:
         f"Verdict (spec §2.3, the claim check's words): non-inferiority at that interval against the "
         f"{margin_pp():g}-point margin, Holm-adjusted over the strategies ranked in the setting — {t(WITHIN)} (the "
         f"whole interval above −{margin_pp():g}), {t(UNDECIDED_IN)} / {t(UNDECIDED_OUT)} (the interval holds both; "
-        f"split by where Δ lies), {t(BEYOND)} (the whole interval at or below −{margin_pp():g}). Rows are sorted "
+        f"split by where Δ lies), {t(BEYOND)} (the whole interval at or below −{margin_pp():g})"
+        + (f", and under the design's futility boundary {t(STOPPED)} (not shown to hold, sampling stopped; not "
+           "shown to fail)" if lb.design is not None and lb.design.futility > 0 else "") + ". Rows are sorted "
         f"by the verdict, then memory saved (rows that fail by Δ, the smallest loss first); rows equal in all of "
         f"these are ties (=). n: questions / clusters of shared works behind the pooled Δ. No answer is named where "
         f"{c(BASELINE)}'s own accuracy on the pooled tasks has a 95% interval reaching below {BASELINE_FLOOR:g}.",
@@ -276,6 +279,9 @@ def answer_sentence(lb: Leaderboard, setting: str, style: type = fmt.Markdown) -
                                                    "sequential design" if look != "0" else ""))
         text = (f"Answer: no strategy is shown to stay within {margin} of {c(BASELINE)} at this n; the largest "
                 f"saving whose Δ is within the margin is {who}, {claims.UNDETERMINED} — {why}.")
+    elif verdict == STOPPED:
+        text = (f"Answer: no strategy is shown to stay within {margin} of {c(BASELINE)}; the first not shown to fail, "
+                f"{who}, was stopped for futility at the design's boundary.")
     elif verdict == UNDECIDED_OUT:
         text = (f"Answer: no strategy is shown to stay within {margin} of {c(BASELINE)}, and every point "
                 f"estimate loses more; the largest saving still {claims.UNDETERMINED} is {who}.")

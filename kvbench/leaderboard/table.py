@@ -45,11 +45,13 @@ DEFAULT_SORT = "rank"
 
 #: Verdicts of a strategy's pooled Δ against the spec's accuracy margin, best first: the spec's (§2.3) and the
 #: claim check's three words (holds / undetermined / fails), with "undetermined" split by where the point estimate
-#: lies, which is how the claim check picks among undetermined strategies.
-WITHIN, UNDECIDED_IN, UNDECIDED_OUT, BEYOND, NOT_POOLED = (
+#: lies, which is how the claim check picks among undetermined strategies; under a design with a futility boundary
+#: (spec v1.3 §2.7) a fourth, the claim check's "stopped for futility": not shown to hold, sampling stopped, not
+#: shown to fail either.
+WITHIN, UNDECIDED_IN, UNDECIDED_OUT, STOPPED, BEYOND, NOT_POOLED = (
     paired.HOLDS, f"undetermined, Δ above −{claims.LOSS_PP:g}", f"undetermined, Δ at or below −{claims.LOSS_PP:g}",
-    paired.FAILS, "not on every task")
-VERDICT_ORDER = {WITHIN: 0, UNDECIDED_IN: 1, UNDECIDED_OUT: 2, BEYOND: 3, NOT_POOLED: 4}
+    paired.FUTILE, paired.FAILS, "not on every task")
+VERDICT_ORDER = {WITHIN: 0, UNDECIDED_IN: 1, UNDECIDED_OUT: 2, STOPPED: 3, BEYOND: 4, NOT_POOLED: 5}
 #: The page names an answer only where ``full``'s accuracy on the pooled tasks is at least this at the lower end of
 #: its 95% interval — ten times the 1-point margin: a strategy cannot lose what the baseline never had, so below it
 #: "within 1 point of full" says nothing about what compression keeps (a model scoring 0/2; 1/2 cannot state it).
@@ -90,6 +92,8 @@ def claim_verdicts(summary: pd.DataFrame, setting: str, records: pd.DataFrame | 
             out[pick.strategy] = WITHIN
         elif fails:
             out[pick.strategy] = BEYOND
+        elif verdict == paired.FUTILE:
+            out[pick.strategy] = STOPPED
         else:
             out[pick.strategy] = UNDECIDED_IN if pick.within_pp(margin_pp()) else UNDECIDED_OUT
     return out
