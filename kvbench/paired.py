@@ -556,8 +556,17 @@ def noninferiority_through_looks(records: pd.DataFrame, strategies: Sequence[str
         ph = [{h: t.p_holds for h, t in look.items()} for look in tests]
         pf = [{h: t.p_fails for h, t in look.items()} for look in tests]
     else:
+        tests = []
         ph = [{key(h): c.p_greater(-margin) for h, c in look.items()} for look in per_look]
         pf = [{key(h): c.p_less(-margin) for h, c in look.items()} for look in per_look]
+    # The p-values shown are the ones the levels judge: the registered statistic's at the hypothesis's own last
+    # look (the intervals' p where no statistic is registered, or it has none).
+    registered = {key(k): (t.p_holds, t.p_fails) for k in current
+                  if (own := ended.get(k[1], last)) and (t := tests[own - 1].get(key(k)) if tests else None)}
+
+    def shown(h: str, c: Comparison) -> tuple[float, float]:
+        return registered.get(h, (c.p_greater(-margin), c.p_less(-margin)))
+
     def judge(ph: list, pf: list) -> tuple:
         shares: list[dict[str, float]] = []  # each look's share of alpha per open hypothesis (holds direction)
         if design.multiplicity == "gatekeeping" and len(scopes) > 1:
@@ -597,13 +606,13 @@ def noninferiority_through_looks(records: pd.DataFrame, strategies: Sequence[str
         if s in ended and not (h in futile or h in held or h in failed):
             # Dropped once its gate (the pooled hypothesis) was decided: this scope stays as its last look left it.
             note = Look(**base, stopped_at=own)
-            out.append(NonInferiority(c, margin, c.p_greater(-margin), c.p_less(-margin), float("nan"),
+            out.append(NonInferiority(c, margin, *shown(h, c), float("nan"),
                                       float("nan"), len(current), UNDETERMINED, note))
             continue
         if h in futile:  # sampling stopped there: a later crossing does not count
             at, share, bound = futile[h]
             note = Look(**base, decided_at=at, level=bound, share=share, p_decided=ph[at - 1][h], futile=True)
-            out.append(NonInferiority(c, margin, c.p_greater(-margin), c.p_less(-margin), float("nan"),
+            out.append(NonInferiority(c, margin, *shown(h, c), float("nan"),
                                       float("nan"), len(current), FUTILE, note))
             continue
         if h in held or h in failed:
@@ -628,8 +637,8 @@ def noninferiority_through_looks(records: pd.DataFrame, strategies: Sequence[str
                         else float("nan"))
             verdict = UNDETERMINED
             up = c.estimate > -margin
-            sens = _sensitivity(c, c.p_greater(-margin) if up else c.p_less(-margin), level, margin, up)
-        out.append(NonInferiority(c, margin, c.p_greater(-margin), c.p_less(-margin), float("nan"), float("nan"),
+            sens = _sensitivity(c, shown(h, c)[0 if up else 1], level, margin, up)
+        out.append(NonInferiority(c, margin, *shown(h, c), float("nan"), float("nan"),
                                   len(current), verdict, note, sens))
     return out
 
