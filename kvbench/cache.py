@@ -391,6 +391,9 @@ class RowsCache(Cache):
         self.lengths: list[int] = [0] * len(caches)
         n = len(caches[0].layers)
         super().__init__(layers=[RowsLayer([c.layers[i] for c in caches], self) for i in range(n)])
+        # The last mask built and what it was built from: the layers of one forward whose rows hold the same
+        # tokens (every layer of a store that evicts nothing) share it instead of building it once per layer.
+        self._mask: tuple[tuple, torch.Tensor | None] | None = None
 
     def seen(self, row: int) -> int:
         return self.caches[row].seen_tokens()
@@ -402,6 +405,9 @@ class RowsCache(Cache):
         width = max(total)
         if query_length == 1 and min(total) == width:
             return None  # one new token per row, no padding: every column is visible
+        key = (tuple(held), tuple(self.lengths), query_length, device)
+        if self._mask is not None and self._mask[0] == key:
+            return self._mask[1]
         q = torch.arange(query_length, device=device)[:, None]
         cols = torch.arange(width, device=device)[None, :]
         rows = []
@@ -411,7 +417,9 @@ class RowsCache(Cache):
             m = (cols >= first) & (cols <= width - query_length + q)
             m[: query_length - n, width - 1] = True  # padding queries see one column: no all-masked softmax
             rows.append(m)
-        return torch.stack(rows)[:, None]
+        mask = torch.stack(rows)[:, None]
+        self._mask = (key, mask)
+        return mask
 
     @contextmanager
     def masks(self, model: torch.nn.Module) -> Iterator[None]:
