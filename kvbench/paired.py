@@ -629,7 +629,12 @@ def noninferiority_through_looks(records: pd.DataFrame, strategies: Sequence[str
                      alpha / max(len(current) - sum(1 for n in current if key(n) in rejected), 1))
             level = sequential.nominal_level(share, design, last) if last and share > 0 else float("nan")
             repeated = (float("nan"), float("nan"))
-            if last and c.test is not None and not math.isnan(level):
+            registered_test = tests[last - 1].get(h) if tests and last else None
+            if registered_test is not None and not math.isnan(level):
+                # the registered statistic inverted at the look's level: the interval its p's are judged by
+                lo, hi = registered_test.interval(level)
+                repeated = (c.scale * lo, c.scale * hi)
+            elif last and c.test is not None and not math.isnan(level):
                 lo, hi = c.test.interval(1 - 2 * level)
                 repeated = (c.scale * lo, c.scale * hi)
             note = Look(**base, level=level, share=share, repeated=repeated,

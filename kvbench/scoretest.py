@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import optimize
 from scipy import stats as sps
 
 NAME = "score-cluster-t"
@@ -61,6 +62,34 @@ class ScoreTest:
     @property
     def p_fails(self) -> float:
         return float(sps.t.cdf(self.t, self.df)) if self.df > 0 else float("nan")
+
+    def t_at(self, delta0: float) -> float:
+        """The statistic with the boundary at ``delta0`` instead of the margin (same pairs, same design effect)."""
+        var0 = 2 * restricted_q(self.b, self.c, self.n, delta0) + delta0 - delta0 * delta0
+        if var0 <= 0:  # the boundary at a degenerate cell (delta0 = -1 or 1): beyond every observable difference
+            return math.copysign(math.inf, self.b - self.c - self.n * delta0)
+        return (self.b - self.c - self.n * delta0) / math.sqrt(self.n * var0) / math.sqrt(self.deff)
+
+    def interval(self, level: float) -> tuple[float, float]:
+        """The differences (proportions) no one-sided test at ``level`` rejects: ``(low, high)`` with p_holds at
+        ``low`` and p_fails at ``high`` equal to ``level`` — the test inverted (Tango 1998, section 3), so the
+        interval lies above a boundary exactly when the holds test at that boundary rejects at ``level`` and
+        below it exactly when the fails test does. A repeated confidence interval at a look's nominal level."""
+        if self.df <= 0 or not 0 < level < 0.5:
+            return float("nan"), float("nan")
+        crit = float(sps.t.isf(level, self.df))
+        eps = 1e-12
+
+        def root(target: float) -> float:  # t_at is decreasing in delta0 from +inf (near -1) to -inf (near 1)
+            f = lambda d: self.t_at(d) - target  # noqa: E731
+            lo, hi = -1 + eps, 1 - eps
+            if f(lo) <= 0:
+                return -1.0
+            if f(hi) >= 0:
+                return 1.0
+            return float(optimize.brentq(f, lo, hi, xtol=1e-12))
+
+        return root(crit), root(-crit)
 
 
 def design_effect(d: np.ndarray, clusters: Sequence[object]) -> float:

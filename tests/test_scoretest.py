@@ -116,3 +116,23 @@ def test_drift_for_power_inverts_power() -> None:
     d = sequential.drift_for_power(0.8, 0.0125, FRACTIONS, "obrien-fleming", 0.2)
     assert sequential.power(0.0125, FRACTIONS, "obrien-fleming", 0.2, d, resamples=200_000) == \
         pytest.approx(0.8, abs=0.01)
+
+
+@given(n=st.integers(20, 2000), b=st.integers(0, 60), c=st.integers(0, 60), deff=st.floats(1.0, 2.0),
+       margin=st.sampled_from([0.01, 0.05]), level=st.floats(1e-8, 0.2))
+@settings(max_examples=200, deadline=None)
+def test_the_inverted_interval_decides_exactly_what_the_tests_decide(n: int, b: int, c: int, deff: float,
+                                                                     margin: float, level: float) -> None:
+    # The repeated interval a look prints is the registered test inverted: it lies above -margin exactly when the
+    # holds test at -margin rejects at that level, and below it exactly when the fails test does.
+    if b + c > n:
+        return
+    z = scoretest.ScoreTest(n, b, c, 40, 0.0, deff, 0.0, 39)
+    t = scoretest.ScoreTest(n, b, c, 40, z.t_at(-margin) * math.sqrt(deff), deff, z.t_at(-margin), 39)
+    low, high = t.interval(level)
+    assert low <= high
+    if abs(t.p_holds - level) > 1e-9 * level:
+        assert (low > -margin) == (t.p_holds < level)
+    if abs(t.p_fails - level) > 1e-9 * level:
+        assert (high < -margin) == (t.p_fails < level)
+    assert low <= (b - c) / n <= high  # the observed difference: the statistic is 0 there
