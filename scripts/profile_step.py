@@ -104,6 +104,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "results" / "perf"))
+    ap.add_argument("--name", default="step_profile.md", help="file written under --out")
     args = ap.parse_args()
 
     from kvbench import throughput
@@ -138,7 +139,9 @@ def main() -> None:
             row.steps.append(time.perf_counter() - t)
     lines = ["# Where a batched decode step spends its time (measured by `scripts/profile_step.py`)", "",
              f"`PYTHONPATH=. python scripts/profile_step.py --context {args.context} --rows {args.rows} --steps "
-             f"{args.steps} --threads {args.threads}`; SmolLM2-135M in bf16, CPU ({cpu_description()}), "
+             f"{args.steps} --threads {args.threads}"
+             + (f" --name {args.name}" if args.name != "step_profile.md" else "") + "`;"
+             f" SmolLM2-135M in bf16, CPU ({cpu_description()}), "
              f"{args.threads} thread(s), `linear=upcast`, `reader=simd`, synthetic prefill of {args.context:,} "
              f"tokens; load average {load:.1f} at the start. Milliseconds per step (total over the steps / steps; "
              "the step's median beside it); parts are inclusive wall time, each counted once where calls nest.", "",
@@ -154,7 +157,7 @@ def main() -> None:
                      f"{part['store'] - part['read']:.1f} | {part['linear']:.1f} | {rest:.1f} | {total / row.n:.1f} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "step_profile.md").write_text("\n".join(lines) + "\n")
+    (out / args.name).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
