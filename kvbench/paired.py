@@ -537,11 +537,10 @@ def noninferiority_through_looks(records: pd.DataFrame, strategies: Sequence[str
     # the baseline's and the members' still sampled, and a dropped member's hypotheses are not tested after it.
     ended = sequential.stopped(records, design, strategies, baseline, index)
     last = sequential.complete_looks(records, design, [*(s for s in strategies if s not in ended), baseline], index)
-    per_look = []
-    for j in range(1, last + 1):
-        at = sequential.at_look(records, design, j, index)
-        per_look.append({(sc, s): c for sc in scopes for s in strategies
-                         if ended.get(s, j) >= j and (c := compare(part(at, sc), s, baseline)) is not None})
+    looks = [sequential.at_look(records, design, j, index) for j in range(1, last + 1)]  # each look's records, once
+    per_look = [{(sc, s): c for sc in scopes for s in strategies
+                 if ended.get(s, j) >= j and (c := compare(part(at, sc), s, baseline)) is not None}
+                for j, at in enumerate(looks, start=1)]
     current = {}
     for look in per_look:  # each hypothesis's latest look: a dropped member's is its last sampled one
         current.update(look)
@@ -551,8 +550,8 @@ def noninferiority_through_looks(records: pd.DataFrame, strategies: Sequence[str
     key = "\t".join
     if design.statistic == scoretest.NAME:  # the registered statistic, not the intervals' p-values
         tests = [{key((sc, s)): t for sc in scopes for s in strategies if ended.get(s, j) >= j
-                  and (t := score(part(sequential.at_look(records, design, j, index), sc), s, baseline, margin))}
-                 for j in range(1, last + 1)]
+                  and (t := score(part(at, sc), s, baseline, margin))}
+                 for j, at in enumerate(looks, start=1)]
         ph = [{h: t.p_holds for h, t in look.items()} for look in tests]
         pf = [{h: t.p_fails for h, t in look.items()} for look in tests]
     else:

@@ -363,10 +363,7 @@ def stopped(records: pd.DataFrame, design: Design, members: Sequence[str], basel
     if records.empty:
         return {}
     idx = context_index(records, design.first_context) if index is None else index
-    own = records["strategy"] == baseline
-    if not own.any():
-        return {}
-    look = complete_looks(records, design, [baseline], idx)
+    look = complete_looks(records, design, [baseline], idx)  # 0 without the baseline's records
     if not look:
         return {}
     out = {}
