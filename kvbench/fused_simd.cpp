@@ -28,6 +28,11 @@
 //   whole 32-byte pieces: interleaved while packed, then split into even and odd channels); the zero points' sum
 //   in float. Both roundings are centred on the mid-range code: their error's sum times
 //   (2^bits - 1) / 2 is added back exactly, so what remains multiplies code - mid, not code.
+// - dense bfloat16 / float16 rows (full's cache, a store's full-precision residual) are read where they lie, 16
+//   channels a load: bfloat16 widened by a shift and a mask into its even and odd channels (no shuffle per row; the
+//   query put in that order once per task, the values' sums back in channel order once per block), float16 by F16C;
+//   each row piece widened once for up to four query rows. Decoding them into the scratch first took 20 ns per
+//   token and KV head at 4K against 13-17 so (results/perf/simd/reader.md);
 // - every other format is decoded by the first kernel's decoders (this file includes it: those stay one copy)
 //   and read by float block products. FP8 (E4M3 / E5M2) has no integer path: each byte carries its own exponent,
 //   and on one integer grid its values need 18 bits (E4M3: multiples of 2^-9 up to 448), beyond vpmaddubsw's and
@@ -326,6 +331,33 @@ inline void side_row(const Side& s, int64_t off, int64_t step, int64_t n, float*
   for (; c < n; ++c) out[c] = s.at(off + c * step);
 }
 
+// Dense 16-bit rows with no scale or zero point (full's cache, a quantized store's full-precision residual), rows a
+// whole number of 16 channels: read where they lie, not decoded into scratch first. 16 channels a load, as two
+// vectors of float32: bfloat16 by a shift and a mask (a 32-bit lane's low half shifted up is the even channel's
+// float32, its high half masked the odd one's; no shuffle per row), float16 by two conversions (F16C), in order.
+inline bool dense16(const Part& p, int64_t d) {
+#if defined(__F16C__)
+  const bool half = p.bits == -16;
+#else
+  const bool half = false;
+#endif
+  return (p.bits == 16 || half) && p.scale.type == kNone && p.zero.type == kNone && d % 16 == 0;
+}
+
+template <bool BF>
+inline void pair16(const uint16_t* x, __m256& a, __m256& c) {
+  if constexpr (BF) {
+    const __m256i r = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    a = _mm256_castsi256_ps(_mm256_slli_epi32(r, 16));
+    c = _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  } else {
+#if defined(__F16C__)
+    a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+    c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 8)));
+#endif
+  }
+}
+
 // One task: query rows q [M, D] (D % 8 == 0) over tokens n0 <= n < n1, leaving the chunk's running maximum,
 // denominator and unnormalized sum in mx, l, acc [M, D] (as the first kernel's tasks do).
 struct Task {
@@ -346,9 +378,11 @@ struct Task {
   int8_t* qi;   // [M, D] the query as integers of at most kQ (made when an int8 part is first met)
   __m256i* X;   // [D / 32][kB / 4][4]: an int8 value block (or a packed one's code vectors) interleaved by 4 tokens
   __m256i* qk;  // [M][kMaxV]: the query folded with a packed key group's scales, as bytes in code_layout's order
+  __m256* q16;  // [M][D / 8]: the query in the order 16-bit rows are read (place_query16)
   float qa[kMaxM];
   int32_t qsum[kMaxM];  // 128 times the sum of qi's row: what (k xor 0x80) = k + 128 adds to the dot product
   bool quantized = false;
+  int q16_kind = 0;  // what q16 holds: 0 nothing yet, 16 bfloat16's order, -16 float16's
   alignas(32) float s[kMaxM][kB];
   alignas(32) float f[kB];
   __m256 lv[kMaxM];  // each row's denominator as eight partial sums (one reduction per task, not per block)
@@ -361,6 +395,7 @@ struct Task {
   int16_t cb[2 * kMaxV];  // code_layout of cb_bits-bit rows
   int nv = 0, cb_bits = 0;
   bool nib = false;  // int4 keys of whole 32-byte pieces: scored in nibble order (unpack_nibbles), not cb's
+  __m256 fbuf[kMaxM][kS];  // dense 16-bit keys: per query row and token, eight partial sums of the dot product
   alignas(32) float vs[kMaxG][kB], vz[kMaxG][kB];  // packed values: a block's scales and zero points by group
   // packed values' weights for every (row, channel group) pair at once where there are at most kWB pairs
   static constexpr int kWB = 16;
@@ -373,6 +408,7 @@ struct Task {
   void start(int64_t b_, int64_t h_, const float* q_, const float* mrow0_, float* mx_, float* l_, float* acc_) {
     b = b_, h = h_, q = q_, mrow0 = mrow0_, mx = mx_, l = l_, acc = acc_;
     quantized = false;
+    q16_kind = 0;
     kq_part = nullptr;
     kq_r = -1;
   }
@@ -702,6 +738,131 @@ struct Task {
     }
   }
 
+  // q16 for every query row: per 16 channels the two vectors pair16 gives a row as (bfloat16: the even channels,
+  // then the odd; float16: in order), once per task and width.
+  template <bool BF>
+  void place_query16() {
+    if (q16_kind == (BF ? 16 : -16)) return;
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t c = 0; c < D; c += 16) {
+        const float* x = q + m * D + c;
+        alignas(32) float a[8], e[8];
+        for (int i = 0; i < 8; ++i) a[i] = BF ? x[2 * i] : x[i], e[i] = BF ? x[2 * i + 1] : x[8 + i];
+        q16[m * (D / 8) + c / 8] = _mm256_load_ps(a);
+        q16[m * (D / 8) + c / 8 + 1] = _mm256_load_ps(e);
+      }
+    }
+    q16_kind = BF ? 16 : -16;
+  }
+
+  // fbuf[m0 + g][t] for g < G: q_(m0+g) . key_t as eight partial sums; each row's 16-channel pieces loaded and
+  // widened once for the G query rows (NP pieces a row: a constant for the common widths, 0 = D / 16).
+  template <bool BF, int G, int NP>
+  void dots16(const uint16_t* const* r, int64_t m0) {
+    const int np = NP ? NP : static_cast<int>(D / 16);
+    const __m256* qv = q16 + m0 * (D / 8);
+    for (int t = 0; t < kS; ++t) {
+      __m256 ae[G], ao[G];
+      for (int g = 0; g < G; ++g) ae[g] = ao[g] = _mm256_setzero_ps();
+      for (int k = 0; k < np; ++k) {
+        __m256 e, o;
+        pair16<BF>(r[t] + 16 * k, e, o);
+        for (int g = 0; g < G; ++g) {
+          ae[g] = _mm256_fmadd_ps(qv[g * (D / 8) + 2 * k], e, ae[g]);
+          ao[g] = _mm256_fmadd_ps(qv[g * (D / 8) + 2 * k + 1], o, ao[g]);
+        }
+      }
+      for (int g = 0; g < G; ++g) fbuf[m0 + g][t] = _mm256_add_ps(ae[g], ao[g]);
+    }
+  }
+
+  template <bool BF, int NP>
+  void dots16_rows(const uint16_t* const* r) {
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {  // each row piece widened once for up to four query rows
+      switch (std::min<int64_t>(4, M - m0)) {
+        case 4: dots16<BF, 4, NP>(r, m0); break;
+        case 3: dots16<BF, 3, NP>(r, m0); break;
+        case 2: dots16<BF, 2, NP>(r, m0); break;
+        default: dots16<BF, 1, NP>(r, m0);
+      }
+    }
+  }
+
+  // s[m][0:n] for a block of dense 16-bit keys, 8 tokens a pass (not inlined, as score_i8).
+  template <bool BF>
+  __attribute__((noinline)) void score_dense16(const Part& p, int64_t j0, int n) {
+    place_query16<BF>();
+    const uint16_t* base = static_cast<const uint16_t*>(p.data) + b * p.sb + h * p.sh;
+    for (int o = 0; o < n; o += kS) {
+      const int k = std::min(kS, n - o);
+      const uint16_t* r[kS];
+      for (int t = 0; t < kS; ++t) r[t] = base + (j0 + o + std::min(t, k - 1)) * p.sn;  // past k: masked later
+      if (D == 64) dots16_rows<BF, 4>(r);
+      else if (D == 128) dots16_rows<BF, 8>(r);
+      else dots16_rows<BF, 0>(r);
+      for (int64_t m = 0; m < M; ++m) _mm256_store_ps(s[m] + o, hsum8(fbuf[m]));
+    }
+  }
+
+  // acc[m0 + g] += sum_t s[m0 + g][t] value_t for g < G over dense 16-bit values: P pieces of 16 channels a pass
+  // (2 G chains of sums each, so that enough are in flight for the FMA units' latency), each row piece widened
+  // once for the G rows; bfloat16's even and odd channels put back in order once per piece and block.
+  template <bool BF, int G, int P>
+  void vals16(const uint16_t* const* r, int n, int64_t m0, int k0) {
+    __m256 ae[P][G], ao[P][G];
+    for (int i = 0; i < P; ++i) {
+      for (int g = 0; g < G; ++g) ae[i][g] = ao[i][g] = _mm256_setzero_ps();
+    }
+    for (int t = 0; t < n; ++t) {
+      for (int i = 0; i < P; ++i) {
+        __m256 e, o;
+        pair16<BF>(r[t] + 16 * (k0 + i), e, o);
+        for (int g = 0; g < G; ++g) {
+          const __m256 w = _mm256_broadcast_ss(s[m0 + g] + t);
+          ae[i][g] = _mm256_fmadd_ps(w, e, ae[i][g]);
+          ao[i][g] = _mm256_fmadd_ps(w, o, ao[i][g]);
+        }
+      }
+    }
+    for (int i = 0; i < P; ++i) {
+      for (int g = 0; g < G; ++g) {
+        float* dst = acc + (m0 + g) * D + 16 * (k0 + i);
+        __m256 c0 = ae[i][g], c1 = ao[i][g];
+        if constexpr (BF) {  // [0 2 4 6 | 8 10 12 14] and [1 3 5 7 | 9 11 13 15] to [0 .. 7] and [8 .. 15]
+          const __m256 lo = _mm256_unpacklo_ps(c0, c1), hi = _mm256_unpackhi_ps(c0, c1);
+          c0 = _mm256_permute2f128_ps(lo, hi, 0x20);
+          c1 = _mm256_permute2f128_ps(lo, hi, 0x31);
+        }
+        _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_loadu_ps(dst), c0));
+        _mm256_storeu_ps(dst + 8, _mm256_add_ps(_mm256_loadu_ps(dst + 8), c1));
+      }
+    }
+  }
+
+  template <bool BF, int G>
+  void vals16_rows(const uint16_t* const* r, int n, int64_t m0) {
+    constexpr int P = G <= 3 ? 2 : 1;  // 4 P G accumulators: at most 12 of the 16 vector registers
+    const int np = static_cast<int>(D / 16);
+    int k = 0;
+    for (; k + P <= np; k += P) vals16<BF, G, P>(r, n, m0, k);
+    for (; k < np; ++k) vals16<BF, G, 1>(r, n, m0, k);
+  }
+
+  template <bool BF>
+  __attribute__((noinline)) void values_dense16(const Part& p, int64_t j0, int n) {
+    const uint16_t* base = static_cast<const uint16_t*>(p.data) + b * p.sb + h * p.sh;
+    const uint16_t* r[kB];
+    for (int t = 0; t < n; ++t) r[t] = base + (j0 + t) * p.sn;
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      switch (std::min<int64_t>(4, M - m0)) {
+        case 4: vals16_rows<BF, 4>(r, n, m0); break;
+        case 3: vals16_rows<BF, 3>(r, n, m0); break;
+        case 2: vals16_rows<BF, 2>(r, n, m0); break;
+        default: vals16_rows<BF, 1>(r, n, m0);
+      }
+    }
+  }
+
   // s[m][o:o+8] = q_m . key_t for the sub-block's tokens j0 <= j < j0 + n (n <= kS; the rest masked later).
   void score_sub(const Part& p, int64_t j0, int n, int o) {
     decode(p, j0, n);
@@ -720,6 +881,7 @@ struct Task {
   void score(const Part& p, int64_t j0, int n) {
     if (packed_keys(p, D)) return score_packed(p, j0, n);
     if (int8_folded(p, D)) return score_i8(p, j0, n);
+    if (dense16(p, D)) return p.bits == 16 ? score_dense16<true>(p, j0, n) : score_dense16<false>(p, j0, n);
     for (int o = 0; o < n; o += kS) score_sub(p, j0 + o, std::min(kS, n - o), o);
   }
 
@@ -1169,6 +1331,7 @@ struct Task {
   void values(const Part& p, int64_t j0, int n) {
     if (packed_values(p, D)) return values_packed(p, j0, n);
     if (int8_folded(p, D)) return values_i8(p, j0, n);
+    if (dense16(p, D)) return p.bits == 16 ? values_dense16<true>(p, j0, n) : values_dense16<false>(p, j0, n);
     for (int o = 0; o < n; o += kS) values_sub(p, j0 + o, std::min(kS, n - o), o);
   }
 
@@ -1234,9 +1397,10 @@ torch::Tensor attend_simd(const torch::Tensor& q, const std::vector<torch::Tenso
     std::vector<float> rows(simd::kS * D), sbuf(D), zbuf(D);
     std::vector<int8_t> qi(M * D);
     std::vector<__m256i> xs(D / 32 * simd::kB), qks(M * simd::kMaxV);
+    std::vector<__m256> q16(M * D / 8);
     // One Task per thread, its scratch reused by every task (an aggregate built per task zeroes ~20 KB each time)
     simd::Task task{kp, vp, 0, 0, M, D, nullptr, scl, nullptr, q_len, ms[2], ms[3], ms[4], nullptr, nullptr, nullptr,
-                    rows.data(), sbuf.data(), zbuf.data(), qi.data(), xs.data(), qks.data()};
+                    rows.data(), sbuf.data(), zbuf.data(), qi.data(), xs.data(), qks.data(), q16.data()};
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / (H * chunks), h = (t / chunks) % H, c = t % chunks;
       const int64_t n0 = c * chunk, n1 = std::min(N, n0 + chunk);

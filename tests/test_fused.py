@@ -289,6 +289,23 @@ def test_packed_codes_at_real_head_widths(reader, fmt, head_dim):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("head_dim", [48, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("group,q_len", [(1, 1), (3, 1), (5, 1), (3, 3)])
+def test_dense_16bit_rows_at_real_head_widths(reader, head_dim, dtype, group, q_len):
+    """Dense bfloat16 and float16 rows (full's cache; the vector reader reads them where they lie, 16 channels a
+    load) at widths of 3, 4 and 8 such pieces, 1 to 9 query rows per KV head, chunks straddling pieces: float
+    attention over the same rows, up to the order of float32 sums."""
+    g = torch.Generator().manual_seed(head_dim * 7 + group)
+    k, v = (torch.randn(2, 2, 75, head_dim, generator=g).to(dtype) for _ in range(2))
+    runs = [blockattn.TokenRun([blockattn.Dense(x[..., :40, :]), blockattn.Dense(x[..., 40:, :])], 2) for x in (k, v)]
+    qg = torch.randn(2, 2, group * q_len, head_dim, generator=g)
+    out = fused.attend(qg, runs[0].fused(), runs[1].fused(), None, q_len, 0.1)
+    assert out is not None
+    ref = torch.softmax(qg @ k.float().transpose(-1, -2) * 0.1, -1) @ v.float()
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+
+
 def _int8_bound(qg: torch.Tensor, kd: torch.Tensor, vd: torch.Tensor, scaling: float, levels: int,
                 block: int) -> torch.Tensor:
     """The vector reader's integer path's error bound per output row: the query rounded to integers of at most
