@@ -103,6 +103,27 @@ def test_leaderboard_sweep_is_the_grid_the_script_ran():
     assert sweep_mod.parallelism(sw) == 3 and all("hardware.threads=4" in job for b in sw.blocks for job in b.jobs)
 
 
+def test_re_measured_leaderboard_is_every_strategy_on_the_calibrated_tasks():
+    """conf/sweep/leaderboard_fused.yaml (issue 49 item 6): every registered strategy in the registry's order, each
+    task in both query settings at 100 questions, at 4,096 tokens with the distractors the calibration chose
+    (results/calibration: legal and fiction none, papers one), on the calibration side of the document pools (no
+    work of the confirmatory study's side) with its own seed, read by the kernel it names."""
+    from kvbench import strategies
+
+    confirm = {c["task"]["name"]: c for c in _configs(_sweep_jobs("confirm", []))}
+    configs = _configs(_sweep_jobs("leaderboard_fused", []))
+    assert len(configs) == 6
+    for cfg in configs:
+        t = cfg["task"]
+        assert cfg["strategies"] == strategies.available() and cfg["engine"]["reader"] == "fused"
+        assert cfg["results_dir"] == "results/fused"
+        assert t["pool"] == "calibration" != confirm[t["name"]]["task"]["pool"] and t["seed"] != 4049
+        assert t["context_tokens"] == 4096 and t["distractors"] == confirm[t["name"]]["task"]["distractors"]
+    assert sorted((c["task"]["name"], c["task"]["query_aware"], c["task"]["n_samples"] *
+                   (1 if c["task"]["query_aware"] else c["task"]["questions_per_context"])) for c in configs) == \
+        sorted((n, qa, 100) for n in ("legal", "papers", "fiction") for qa in (True, False))
+
+
 def test_eviction_sweep_is_the_committed_grid(tmp_path):
     from kvbench import strategies
 
