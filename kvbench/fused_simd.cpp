@@ -528,14 +528,7 @@ struct Task {
   template <int Bits, int NV>
   void dots_packed(const uint8_t* const* r, __m256i* isum) {
     if constexpr (NV > 0) {
-      for (int64_t m0 = 0; m0 < M; m0 += 4) {
-        switch (std::min<int64_t>(4, M - m0)) {
-          case 4: dots_packed_rows<Bits, NV, 4>(r, m0, isum); break;
-          case 3: dots_packed_rows<Bits, NV, 3>(r, m0, isum); break;
-          case 2: dots_packed_rows<Bits, NV, 2>(r, m0, isum); break;
-          default: dots_packed_rows<Bits, NV, 1>(r, m0, isum);
-        }
-      }
+      row_groups([&](auto g, int64_t m0) { dots_packed_rows<Bits, NV, decltype(g)::value>(r, m0, isum); });
     } else {
       for (int t = 0; t < kS; ++t) {
         __m256i V[kMaxV];
@@ -574,6 +567,20 @@ struct Task {
 #else
       isum[m0 + g] = hsum8w<NV>(ibuf[m0 + g]);
 #endif
+    }
+  }
+
+  // f(G, m0) for the query rows in groups of up to four (rows m0 .. m0 + G - 1), G a compile-time constant: the
+  // paths that load a row of the cache once for several query rows keep that many rows' sums in registers.
+  template <typename F>
+  void row_groups(F&& f) {
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      switch (std::min<int64_t>(4, M - m0)) {
+        case 4: f(std::integral_constant<int, 4>{}, m0); break;
+        case 3: f(std::integral_constant<int, 3>{}, m0); break;
+        case 2: f(std::integral_constant<int, 2>{}, m0); break;
+        default: f(std::integral_constant<int, 1>{}, m0);
+      }
     }
   }
 
@@ -693,14 +700,8 @@ struct Task {
 
   template <int NC>
   void dots_i8_rows(const int8_t* const* r) {
-    for (int64_t m0 = 0; m0 < M; m0 += 4) {  // each key vector loaded once for up to four query rows
-      switch (std::min<int64_t>(4, M - m0)) {
-        case 4: dots_i8<4, NC>(r, m0); break;
-        case 3: dots_i8<3, NC>(r, m0); break;
-        case 2: dots_i8<2, NC>(r, m0); break;
-        default: dots_i8<1, NC>(r, m0);
-      }
-    }
+    // each key vector loaded once for up to four query rows
+    row_groups([&](auto g, int64_t m0) { dots_i8<decltype(g)::value, NC>(r, m0); });
   }
 
   // Decoded rows j0 <= j < j0 + n (n <= kS) of part p into rows[0:n] (zeros after), their factors into fs.
@@ -778,14 +779,8 @@ struct Task {
 
   template <bool BF, int NP>
   void dots16_rows(const uint16_t* const* r) {
-    for (int64_t m0 = 0; m0 < M; m0 += 4) {  // each row piece widened once for up to four query rows
-      switch (std::min<int64_t>(4, M - m0)) {
-        case 4: dots16<BF, 4, NP>(r, m0); break;
-        case 3: dots16<BF, 3, NP>(r, m0); break;
-        case 2: dots16<BF, 2, NP>(r, m0); break;
-        default: dots16<BF, 1, NP>(r, m0);
-      }
-    }
+    // each row piece widened once for up to four query rows
+    row_groups([&](auto g, int64_t m0) { dots16<BF, decltype(g)::value, NP>(r, m0); });
   }
 
   // s[m][0:n] for a block of dense 16-bit keys, 8 tokens a pass (not inlined, as score_i8).
@@ -853,14 +848,7 @@ struct Task {
     const uint16_t* base = static_cast<const uint16_t*>(p.data) + b * p.sb + h * p.sh;
     const uint16_t* r[kB];
     for (int t = 0; t < n; ++t) r[t] = base + (j0 + t) * p.sn;
-    for (int64_t m0 = 0; m0 < M; m0 += 4) {
-      switch (std::min<int64_t>(4, M - m0)) {
-        case 4: vals16_rows<BF, 4>(r, n, m0); break;
-        case 3: vals16_rows<BF, 3>(r, n, m0); break;
-        case 2: vals16_rows<BF, 2>(r, n, m0); break;
-        default: vals16_rows<BF, 1>(r, n, m0);
-      }
-    }
+    row_groups([&](auto g, int64_t m0) { vals16_rows<BF, decltype(g)::value>(r, n, m0); });
   }
 
   // s[m][o:o+8] = q_m . key_t for the sub-block's tokens j0 <= j < j0 + n (n <= kS; the rest masked later).
