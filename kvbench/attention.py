@@ -145,9 +145,12 @@ class PendingRows:
     def attend(self, query: torch.Tensor, mask: torch.Tensor | None, scaling: float,
                softcap: float | None) -> torch.Tensor:
         outs = []
+        # One query token per row (a decode step): a row's own columns, its held tokens and its new one, are all
+        # visible (RowsCache.mask), so its store reads them unmasked rather than converting an all-visible mask.
+        per_row = mask is not None and query.shape[-2] > 1
         for i, s in enumerate(self.steps):
             m = None
-            if mask is not None:
+            if per_row:
                 row = mask[i:i + 1] if mask.shape[0] > 1 else mask
                 m = row[..., row.shape[-1] - (s.held() + s.keys.shape[-2]):]
             outs.append(s.attend(query[i:i + 1], m, scaling, softcap))

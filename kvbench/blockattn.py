@@ -81,12 +81,15 @@ class TokenRun:
 
     def __init__(self, parts: Sequence[Part], heads: int) -> None:
         self.heads = heads
-        self.parts = [p for p in parts if p.num_tokens]
+        self.parts: list[Part] = []
         self.starts: list[int] = []
         n = 0
-        for p in self.parts:
-            self.starts.append(n)
-            n += p.num_tokens
+        for p in parts:
+            m = p.num_tokens  # a shape lookup (or more) per call: once per part (a decode step builds two runs)
+            if m:
+                self.parts.append(p)
+                self.starts.append(n)
+                n += m
         self.num_tokens = n
 
     def _overlaps(self, start: int, stop: int) -> list[tuple[Part, int, int, int]]:

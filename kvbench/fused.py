@@ -65,6 +65,16 @@ class Fused:
         """Channels per row: ``data``'s last dimension, times the codes per byte where codes are packed."""
         return int(self.data.shape[-1]) * (8 // self.bits if self.bits in (2, 4) else 1)
 
+    def head(self, tokens: int) -> Fused | None:
+        """The part's first ``tokens`` tokens: ``data`` and per-token sides (``tg = 1``) cut, shared sides (``tg =
+        0``) kept; ``None`` for sides by groups of tokens."""
+        if self.tg not in (0, 1):
+            return None
+        def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+            return t if t is None or self.tg == 0 else t.narrow(2, 0, tokens)
+        return Fused(self.data.narrow(2, 0, tokens), self.bits, self.mode, cut(self.scale), cut(self.zero),
+                     self.tg, self.cg)
+
     def flat(self) -> tuple[list[torch.Tensor], list[int]]:
         tensors = [self.data, EMPTY if self.scale is None else self.scale, EMPTY if self.zero is None else self.zero]
         return tensors, [self.bits, MODES.index(self.mode), self.tg, self.cg]

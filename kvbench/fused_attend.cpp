@@ -608,6 +608,21 @@ inline int8_t clamp127(float q) { return static_cast<int8_t>(q < -127.f ? -127.f
 
 }  // namespace
 
+namespace {
+
+// One group of quantize_int8_token: the scale (absmax / 127 rounded to float16) into *scale, the codes into out.
+inline void int8_group(const float* v, int64_t group, int8_t* out, c10::Half* scale, float& peak, bool& bad) {
+  const float s32 = absmax(v, group, bad) / 127.0f;
+  peak = s32 > peak ? s32 : peak;
+  const c10::Half h(s32);
+  *scale = h;
+  const float s = static_cast<float>(h);
+  const float denom = s > 0.f ? s : 1.0f;
+  for (int64_t c = 0; c < group; ++c) out[c] = clamp127(std::nearbyint(v[c] / denom));
+}
+
+}  // namespace
+
 // Symmetric int8 with one float16 scale per group of `group` channels of a token: kvbench.quantizers.quantize_int8's
 // token axis, bit for bit (the same float32 operations in the same order: absmax / 127, rounded to float16, the
 // codes rounded half to even from x / scale and clamped to +-127), in one pass instead of a dozen tensor ops per
@@ -620,17 +635,44 @@ std::vector<torch::Tensor> quantize_int8_token(const torch::Tensor& x_in, int64_
   c10::Half* sp = g.meta.data_ptr<c10::Half>();
   float peak = 0.f;
   bool bad = false;
-  for (int64_t i = 0; i < g.groups; ++i) {
-    const float* v = xp + i * group;
-    const float s32 = absmax(v, group, bad) / 127.0f;
-    peak = s32 > peak ? s32 : peak;
-    const c10::Half h(s32);
-    sp[i] = h;
-    const float s = static_cast<float>(h);
-    const float denom = s > 0.f ? s : 1.0f;
-    for (int64_t c = 0; c < group; ++c) cp[i * group + c] = clamp127(std::nearbyint(v[c] / denom));
-  }
+  for (int64_t i = 0; i < g.groups; ++i) int8_group(xp + i * group, group, cp + i * group, sp + i, peak, bad);
   return {g.codes, g.meta, torch::full({}, bad ? std::numeric_limits<float>::quiet_NaN() : peak)};
+}
+
+// quantize_int8_token of x [B, H, m, D] written straight into tokens `start` .. start + m - 1 of a chunk's storage:
+// codes [B, H, T, D] int8 and scales [B, H, T, D / group, 1] float16 (a ChunkList tail's reserve), the same values
+// bit for bit, with no tensor made per decode step. Returns the largest float32 scale before rounding (NaN if any
+// element is not finite).
+double quantize_int8_token_into(const torch::Tensor& x_in, int64_t group, torch::Tensor codes, torch::Tensor scales,
+                                int64_t start) {
+  const torch::Tensor x = x_in.contiguous().to(torch::kFloat32);
+  TORCH_CHECK(x.dim() == 4 && codes.dim() == 4 && scales.dim() == 5, "x, codes: [B, H, T, D]; scales: 5 dims");
+  TORCH_CHECK(codes.scalar_type() == torch::kInt8 && scales.scalar_type() == torch::kFloat16, "int8 codes, half scales");
+  const int64_t B = x.size(0), H = x.size(1), M = x.size(2), D = x.size(3);
+  TORCH_CHECK(group > 0 && D % group == 0, "the group must divide the last dimension");
+  TORCH_CHECK(codes.size(0) == B && codes.size(1) == H && codes.size(3) == D && codes.stride(3) == 1,
+              "codes: [B, H, T, D] with unit channel stride");
+  TORCH_CHECK(scales.size(0) == B && scales.size(1) == H && scales.size(2) == codes.size(2) &&
+              scales.size(3) == D / group && scales.size(4) == 1, "scales: [B, H, T, D / group, 1]");
+  TORCH_CHECK(start >= 0 && start + M <= codes.size(2), "the tokens must fit the storage");
+  const float* xp = x.data_ptr<float>();
+  int8_t* cp = codes.data_ptr<int8_t>();
+  c10::Half* sp = scales.data_ptr<c10::Half>();
+  float peak = 0.f;
+  bool bad = false;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t t = 0; t < M; ++t) {
+        const float* v = xp + ((b * H + h) * M + t) * D;
+        int8_t* out = cp + b * codes.stride(0) + h * codes.stride(1) + (start + t) * codes.stride(2);
+        c10::Half* sc = sp + b * scales.stride(0) + h * scales.stride(1) + (start + t) * scales.stride(2);
+        for (int64_t i = 0; i < D / group; ++i) {
+          int8_group(v + i * group, group, out + i * group, sc + i * scales.stride(3), peak, bad);
+        }
+      }
+    }
+  }
+  return bad ? std::numeric_limits<double>::quiet_NaN() : static_cast<double>(peak);
 }
 
 // Block floating point with 8-bit mantissas, kvbench.quantizers.quantize_bfp bit for bit: per block of `block`
@@ -700,4 +742,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_fp8", &quantize_fp8, "fp8 encoding (kvbench.quantizers)");
   m.def("attend", &attend, "Fused block attention over stored parts (kvbench.fused)");
   m.def("quantize_int8_token", &quantize_int8_token, "int8 token-axis quantization (kvbench.quantizers)");
+  m.def("quantize_int8_token_into", &quantize_int8_token_into,
+        "int8 token-axis quantization into a chunk's storage (kvbench.quantizers)");
 }

@@ -191,6 +191,18 @@ class TokenChunk(ABC):
             f: getattr(self, f).narrow(d, start, length).clone(memory_format=torch.contiguous_format)
             for f, d in self.TOKEN_DIMS.items()})
 
+    def head(self, length: int) -> TokenChunk:
+        """Tokens ``0 .. length - 1`` as views of this chunk's storage (no copy: ``ChunkList``'s tail grows through
+        them), described for the kernel by cutting this chunk's description (:meth:`kvbench.fused.Fused.head`)
+        rather than anew at every decode step."""
+        view = dataclasses.replace(self, **{  # type: ignore[type-var]
+            f: getattr(self, f).narrow(d, 0, length) for f, d in self.TOKEN_DIMS.items()})
+        whole = self.fused()
+        part = None if whole is None else whole.head(length)
+        if part is not None:
+            view.__dict__["_described"] = part
+        return view
+
     def tokenwise(self) -> bool:
         """Whether every ``TOKEN_DIMS`` field has one entry per token (what :meth:`narrow` needs, and what lets a
         token be written into reserved slots, ``ChunkList``'s tail)."""
@@ -198,6 +210,13 @@ class TokenChunk(ABC):
 
     def tensors(self) -> list[torch.Tensor]:
         return [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
+
+    def write(self, x: torch.Tensor, start: int) -> bool:
+        """Encode ``x`` (``[b, h, m, d]``) into tokens ``start .. start + m - 1`` of this chunk's own storage, bit
+        for bit what encoding ``x`` as a chunk of this format and these parameters gives, where the format can
+        (``ChunkList``'s tail: a decode step's token written where it is kept, no chunk made for it); ``False``,
+        with nothing written, where it cannot."""
+        return False
 
     @abstractmethod
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
@@ -352,6 +371,19 @@ class SymmetricInt8(GroupedChunk):
 
     TOKEN_DIMS: ClassVar[dict[str, int]] = {"codes": -2, "scales": -3}
     META: ClassVar[tuple[str, ...]] = ("scales",)
+
+    def write(self, x: torch.Tensor, start: int) -> bool:
+        """``quantize_int8(x, group_size, "token")``'s codes and scales written into this chunk's storage by the
+        native quantizer (its same operations), for token-axis chunks on CPU."""
+        if self.axis != "token" or self.group_index is not None or not x.is_cpu or x.dim() != 4 \
+                or self.codes.dim() != 4 or x.shape[-1] % self.group_size:
+            return False
+        native = fused.native()
+        if native is None:
+            return False
+        _check_peak(native.quantize_int8_token_into(x, self.group_size, self.codes, self.scales, start),
+                    "int8 scale")
+        return True
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         # float32 arithmetic, one cast at the end: int8 -> float32 is far cheaper on CPU than -> bfloat16,

@@ -65,7 +65,7 @@ if [[ -d results/confirm/store ]]; then
   # The confirmatory study (conf/design/confirm.yaml, registered before the store's first record): judged only at
   # the design's looks; until the first look is complete the page says so and judges nothing.
   designed results/confirm confirm \
-    "${CONFIRM_CMD:-kvbench sweep confirm (rounds of 16 questions per job; finished questions are reused; a lagging task filled by its own job with engine.max_new_samples, the same run id) to 48 contexts per task, then, the members decided at look 1 dropped (docs/confirm.md), kvbench sweep confirm -- 'strategies=[int8,fp8,bfp,channel_sparse,quant_recompute]' '~strategies_params.compression_ratio' task.first_context=1048 task.n_samples=352}"
+    "${CONFIRM_CMD:-kvbench sweep confirm (rounds of 16 questions per job; finished questions are reused; a lagging task filled by its own job with engine.max_new_samples, the same run id) to 48 contexts per task, then, the members decided at look 1 dropped (docs/confirm.md), kvbench sweep confirm -- 'strategies=[int8,fp8,bfp,channel_sparse,quant_recompute]' '~strategies_params.compression_ratio' task.first_context=1048 task.n_samples=352 to 80 contexts per task, then, fp8 stopped for futility at look 2, kvbench sweep confirm -- 'strategies=[int8,bfp,channel_sparse,quant_recompute]' '~strategies_params.compression_ratio' task.first_context=1080 task.n_samples=320}"
 fi
 # docs/advise.md advises from every committed leaderboard (per strategy and task, the row with the most questions),
 # so a republished table can change its advice: it is regenerated after them.

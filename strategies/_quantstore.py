@@ -153,15 +153,29 @@ class ChunkList:
         self._merge()
 
     def _write(self, piece: TokenChunk) -> None:
-        """``piece``'s tokens into the tail's next slots; a tail filled up becomes an ordinary piece."""
+        """``piece``'s tokens into the tail's next slots."""
         n, m = self.lengths[-1], piece.num_tokens
-        fields = type(piece).TOKEN_DIMS
-        for f, d in fields.items():
+        for f, d in type(piece).TOKEN_DIMS.items():
             getattr(self._tail, f).narrow(d, n, m).copy_(getattr(piece, f))
-        self.lengths[-1] = n + m
-        self.pieces[-1] = replace(self._tail, **{f: getattr(self._tail, f).narrow(d, 0, n + m)
-                                                             for f, d in fields.items()})
-        if n + m == TAIL_TOKENS:
+        self._grow(m)
+
+    def write(self, x: torch.Tensor) -> bool:
+        """Encode a decode step's tokens ``x`` straight into the open tail's next slots where its format can
+        (:meth:`kvbench.quantizers.TokenChunk.write`: the codes encoding ``x`` as a piece gives, without the piece
+        and its copy); ``False``, with nothing written, otherwise (no tail open, no room, or a format that cannot)."""
+        tail, m = self._tail, x.shape[-2]
+        if tail is None or self.lengths[-1] + m > TAIL_TOKENS or not tail.write(x, self.lengths[-1]):
+            return False
+        self._grow(m)
+        return True
+
+    def _grow(self, m: int) -> None:
+        """``m`` more of the tail's slots filled: its view grows; a tail filled up becomes an ordinary piece."""
+        assert self._tail is not None
+        n = self.lengths[-1] + m
+        self.lengths[-1] = n
+        self.pieces[-1] = self._tail.head(n)
+        if n == TAIL_TOKENS:
             self._tail = None
             self._merge()
 
@@ -235,10 +249,13 @@ class Stream:
     """
 
     def __init__(self, encode: Callable[[torch.Tensor], TokenChunk], keep: int, multiple: int,
-                 working: bool, offset: int = 0, token_wise: bool = False) -> None:
+                 working: bool, offset: int = 0, token_wise: bool = False, writes: bool = False) -> None:
         self.encode, self.keep, self.multiple = encode, keep, multiple
         self.offset = offset  # working-copy rows before this stream's tokens (a caller-managed prefix)
         self.token_wise = token_wise
+        # ``encode`` is what its chunks' own ``write`` gives (QuantizedStore.tail_writes): a token pushed while a
+        # tail is open is encoded where it is kept (ChunkList.write).
+        self.writes = writes
         self.chunks = ChunkList()
         self.r: torch.Tensor | None = None
         self.dtype: torch.dtype | None = None
@@ -295,7 +312,8 @@ class Stream:
             return
         self._settle()
         self.dtype = x.dtype
-        self.chunks.append(self.encode(x))
+        if not (self.writes and self.chunks.write(x)):
+            self.chunks.append(self.encode(x))
 
     def add(self, x: torch.Tensor) -> None:
         """Append ``x`` to the residual, quantizing nothing yet (:meth:`flush` does)."""
@@ -440,6 +458,9 @@ class QuantizedStore(StreamViews, LayerStore):
     #: (KIVI's) flushes a few tokens at a time past a residual; keys either flush whole channel groups or
     #: quantize on arrival, where there is nothing to encode ahead.
     token_wise_values = False
+    #: Whether ``encode_keys`` and ``encode_values`` give exactly what their chunks' ``TokenChunk.write`` writes,
+    #: so that a decode step's token is encoded straight into the open tail (``Stream.push``).
+    tail_writes = False
 
     def __init__(self, strategy: Strategy, layer_idx: int, num_layers: int, residual: int, multiple: int,
                  value_policy: tuple[int, int] | None = None) -> None:
@@ -460,8 +481,9 @@ class QuantizedStore(StreamViews, LayerStore):
     def _streams(self) -> tuple[Stream, Stream]:
         if self.ks is None or self.vs is None:
             working = working_copy_enabled(self.strategy)
-            self.ks = Stream(self.encode_keys, *self.key_policy, working)
-            self.vs = Stream(self.encode_values, *self.value_policy, working, token_wise=self.token_wise_values)
+            self.ks = Stream(self.encode_keys, *self.key_policy, working, writes=self.tail_writes)
+            self.vs = Stream(self.encode_values, *self.value_policy, working, token_wise=self.token_wise_values,
+                             writes=self.tail_writes)
         return self.ks, self.vs
 
     @property

@@ -32,6 +32,8 @@ class Int8Store(QuantizedStore):
     def __init__(self, strategy: Int8, layer_idx: int, num_layers: int) -> None:
         multiple = strategy.group_size if strategy.axis == "channel" else 1
         super().__init__(strategy, layer_idx, num_layers, residual=0, multiple=multiple)
+        # Token axis: a token's codes are quantize_int8's of that token alone, which SymmetricInt8.write gives.
+        self.tail_writes = strategy.axis == "token"
 
     def _encode(self, x: torch.Tensor) -> TokenChunk:
         if self.strategy.axis == "channel":

@@ -219,3 +219,72 @@ def test_a_chunked_prefill_leaves_a_quantized_store_holding_exactly_its_tokens()
             assert all(c.spare == TAIL_TOKENS - 2 for c in chunks), name  # a 2-token chunk opened a tail
             store.compact()
             assert all(c.spare == 0 for c in chunks), name
+
+
+def test_a_token_written_into_the_tail_is_the_piece_encoding_it_gives_bit_for_bit() -> None:
+    """``ChunkList.write`` (int8's token axis: ``SymmetricInt8.write``, the native quantizer writing into the
+    tail's reserve) leaves the same codes, scales, pieces and kernel descriptions as appending each token encoded
+    as a piece of its own; where it cannot write (no tail open, a tail without room) it writes nothing."""
+    from kvbench.strategies._quantstore import TAIL_TOKENS, ChunkList
+
+    from kvbench import fused
+    from kvbench.errors import KVBenchError
+    from kvbench.quantizers import quantize_int8
+
+    if fused.native() is None:
+        pytest.skip("no native kernel here: the tail is written by copying pieces")
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(1, 3, 2 * TAIL_TOKENS + 50, 64, generator=gen) * 3).to(torch.bfloat16)
+    x[..., 30, :] = 0  # a token of zeros: scale 0, codes 0
+    written, appended = ChunkList(), ChunkList()
+    assert not written.write(x[..., :1, :]), "no tail open: nothing written"
+    for chunks in (written, appended):
+        chunks.append(quantize_int8(x[..., :20, :], 64))
+    assert not written.write(x[..., 20:21, :]) and written.num_tokens == 20, "a first piece is never a tail"
+    for chunks in (written, appended):
+        chunks.append(quantize_int8(x[..., 20:21, :], 64))  # opens the tail
+    for t in range(21, x.shape[-2]):
+        if not written.write(x[..., t:t + 1, :]):
+            written.append(quantize_int8(x[..., t:t + 1, :], 64))
+        appended.append(quantize_int8(x[..., t:t + 1, :], 64))
+        assert written.lengths == appended.lengths and written.spare == appended.spare
+    for a, b in zip(written.pieces, appended.pieces, strict=True):
+        assert torch.equal(a.codes, b.codes) and torch.equal(a.scales, b.scales)
+        fa, fb = a.fused(), b._describe()
+        assert fa is not None and fb is not None
+        assert torch.equal(fa.data, fb.data) and torch.equal(fa.scale, fb.scale) and (fa.tg, fa.cg) == (fb.tg, fb.cg)
+    big = x[..., :TAIL_TOKENS + 1, :]
+    before = written.lengths[-1]
+    assert not written.write(big) and written.lengths[-1] == before, "more tokens than the tail has room for"
+    with pytest.raises(KVBenchError):  # checked as quantize_int8 checks it
+        written.write(torch.full((1, 3, 1, 64), float("nan")))
+
+
+@pytest.mark.parametrize("name", ["int8", "fp8", "bfp", "int4", "int2"])
+def test_a_growing_tails_cut_description_is_the_description_of_its_tokens(name: str) -> None:
+    """``TokenChunk.head`` describes a tail's filled slots by cutting the reserve's description
+    (``Fused.head``): the same tensors, layout and parameters as describing the view anew, for every format whose
+    chunks go into a tail."""
+    from kvbench.strategies import build
+
+    store = build(name).new_layer(0, 1)
+    gen = torch.Generator().manual_seed(4)
+    k, v = (torch.randn(1, 2, 240, 64, generator=gen).to(torch.bfloat16) for _ in range(2))
+    store.prefill(k[..., :200, :], v[..., :200, :], None)  # past KIVI's 128-token residual
+    for t in range(200, 240):
+        store.attend(torch.randn(1, 4, 1, 64).to(torch.bfloat16), k[..., t:t + 1, :], v[..., t:t + 1, :], None, 0.125)
+    lists = [s.chunks for s in store._streams()] if hasattr(store, "_streams") else [store.kc, store.vc]
+    checked = 0
+    for chunks in lists:
+        for piece in chunks.pieces:
+            got, want = piece.fused(), piece._describe()
+            assert (got is None) == (want is None)
+            if got is None:
+                continue
+            for a, b in ((got.data, want.data), (got.scale, want.scale), (got.zero, want.zero)):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    assert a.shape == b.shape and a.stride() == b.stride() and a.data_ptr() == b.data_ptr()
+            assert (got.bits, got.mode, got.tg, got.cg) == (want.bits, want.mode, want.tg, want.cg)
+            checked += 1
+    assert checked
