@@ -162,9 +162,11 @@ class ChunkList:
     def write(self, x: torch.Tensor) -> bool:
         """Encode a decode step's tokens ``x`` straight into the open tail's next slots where its format can
         (:meth:`kvbench.quantizers.TokenChunk.write`: the codes encoding ``x`` as a piece gives, without the piece
-        and its copy); ``False``, with nothing written, otherwise (no tail open, no room, or a format that cannot)."""
+        and its copy); ``False``, with nothing written, otherwise (no tail open, no room, more tokens than
+        :meth:`append` writes into a tail, or a format that cannot): the pieces stay those :meth:`append` makes."""
         tail, m = self._tail, x.shape[-2]
-        if tail is None or self.lengths[-1] + m > TAIL_TOKENS or not tail.write(x, self.lengths[-1]):
+        if tail is None or m > TAIL_APPEND or self.lengths[-1] + m > TAIL_TOKENS \
+                or not tail.write(x, self.lengths[-1]):
             return False
         self._grow(m)
         return True

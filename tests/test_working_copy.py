@@ -225,7 +225,7 @@ def test_a_token_written_into_the_tail_is_the_piece_encoding_it_gives_bit_for_bi
     """``ChunkList.write`` (int8's token axis: ``SymmetricInt8.write``, the native quantizer writing into the
     tail's reserve) leaves the same codes, scales, pieces and kernel descriptions as appending each token encoded
     as a piece of its own; where it cannot write (no tail open, a tail without room) it writes nothing."""
-    from kvbench.strategies._quantstore import TAIL_TOKENS, ChunkList
+    from kvbench.strategies._quantstore import TAIL_APPEND, TAIL_TOKENS, ChunkList
 
     from kvbench import fused
     from kvbench.errors import KVBenchError
@@ -256,6 +256,11 @@ def test_a_token_written_into_the_tail_is_the_piece_encoding_it_gives_bit_for_bi
     big = x[..., :TAIL_TOKENS + 1, :]
     before = written.lengths[-1]
     assert not written.write(big) and written.lengths[-1] == before, "more tokens than the tail has room for"
+    fresh = ChunkList()
+    fresh.append(quantize_int8(x[..., :20, :], 64))
+    fresh.append(quantize_int8(x[..., 20:21, :], 64))
+    assert fresh.spare == TAIL_TOKENS - 1
+    assert not fresh.write(x[..., 21:22 + TAIL_APPEND, :]), "more tokens than append puts into a tail: its pieces"
     with pytest.raises(KVBenchError):  # checked as quantize_int8 checks it
         written.write(torch.full((1, 3, 1, 64), float("nan")))
 
