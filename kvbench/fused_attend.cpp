@@ -606,10 +606,6 @@ inline float absmax(const float* v, int64_t n, bool& nonfinite) {
 
 inline int8_t clamp127(float q) { return static_cast<int8_t>(q < -127.f ? -127.f : (q > 127.f ? 127.f : q)); }
 
-}  // namespace
-
-namespace {
-
 // One group of quantize_int8_token: the scale (absmax / 127 rounded to float16) into *scale, the codes into out.
 inline void int8_group(const float* v, int64_t group, int8_t* out, c10::Half* scale, float& peak, bool& bad) {
   const float s32 = absmax(v, group, bad) / 127.0f;
