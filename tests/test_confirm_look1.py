@@ -11,7 +11,9 @@ hypotheses in the same direction); a non-binding futility boundary of beta 0.2 s
 alternative. Look 1 has closed forms for all of it, so this needs no recursive integration.
 
 While look 1 is the published one every one of the 48 hypotheses must agree; once later looks are published, a
-verdict reached at look 1 must still be the published one (a verdict, once reached, is kept)."""
+verdict reached at look 1 must still be the published one (a verdict, once reached, is kept). At whatever look the
+pages publish, every member's one-sided p's, pooled and per task, are recomputed on the records of its last look
+(the published one for the members still sampled; a dropped member's own)."""
 
 from __future__ import annotations
 
@@ -35,13 +37,18 @@ pytestmark = pytest.mark.skipif(not (STORE / "leaderboard.csv").is_file(), reaso
 
 
 def records_at_look_1() -> pd.DataFrame:
+    return records_at_look(1)
+
+
+def records_at_look(look: int) -> pd.DataFrame:
+    """Every record of the contexts the design's look ``look`` covers (numbered from its first context)."""
     first, every = DESIGN["samples"]["first_context"], DESIGN["look_every"]
     rows = []
     for path in sorted((STORE / "runs").glob("*/records.jsonl")):
         for line in path.read_text().splitlines():
             r = json.loads(line)
             number = int(re.search(r"(\d+)$", r["context_id"]).group(1))
-            if first <= number < first + every:
+            if first <= number < first + look * every:
                 meta = r["sample_meta"] if isinstance(r["sample_meta"], dict) else json.loads(r["sample_meta"])
                 rows.append(dict(task=r["task"], sample_id=r["sample_id"], strategy=r["strategy"],
                                  score=float(r["score"]), context=f"{r['task']}:{r['context_id']}",
@@ -203,3 +210,29 @@ def test_look_1_p_values_recomputed_from_the_raw_records() -> None:
     assert set(mine) == set(theirs)
     for h, (holds, fails) in mine.items():
         assert theirs[h] == pytest.approx((holds, fails), rel=0.06, abs=0.006), h
+
+
+def last_looks(recs: pd.DataFrame, look: int) -> dict[str, int]:
+    """Each member's last look up to ``look``: the most looks whose contexts it holds in every task (a member
+    dropped after a look is judged there)."""
+    every = DESIGN["look_every"]
+    held = recs[recs.strategy != "full"].groupby(["strategy", "task"]).context.nunique()
+    return {m: min(look, int(held[m].min()) // every) for m in held.index.get_level_values(0).unique()}
+
+
+def test_published_look_p_values_recomputed_from_the_raw_records() -> None:
+    # every member's published one-sided p's, pooled and per task, are the registered statistic's on the records of
+    # that member's last look (the published look for the members still sampled): recomputed here at any look
+    look, _, theirs = published()
+    recs = records_at_look(look)
+    assert recs.groupby("task").context.nunique().min() == look * DESIGN["look_every"]
+    lasts = last_looks(recs, look)
+    assert sorted(lasts) == sorted(DESIGN["members"])
+    margin, tasks = DESIGN["margin_pp"] / 100, sorted(set(recs.task))
+    for member, last in lasts.items():
+        at = recs if last == look else records_at_look(last)
+        for scope in ("pooled", *tasks):
+            t, df = statistic(at if scope == "pooled" else at[at.task == scope], member, margin)
+            h = (scope, member)
+            assert theirs[h] == pytest.approx((student.sf(t, df), student.cdf(t, df)), rel=0.06, abs=0.006), \
+                f"{h} at look {last}"
