@@ -24,8 +24,9 @@ committed result store,
 * **accuracy**: the strategy's Δ against ``full`` on the asked task from the committed leaderboards
   (``<results_root>/leaderboard.csv`` and ``<results_root>/*/leaderboard.csv``, each computed from its store by
   ``kvbench leaderboard``): the row with the most questions, its 95% interval and its verdict against the
-  1-point margin (the leaderboard's words; per task the unadjusted interval decides, as the leaderboard does
-  without records), with the model and context that measured it — labelled when that is not the asked model. A
+  1-point margin (the leaderboard's words; per task, a store under a registered design gives the design's verdict
+  on that task, its ``<task>.verdict`` column, and any other store's unadjusted interval decides, as the
+  leaderboard does without records), with the model and context that measured it — labelled when that is not the asked model. A
   strategy never measured on the task says so; another task's verdict is never borrowed.
 
 One recommendation follows: among the strategies that serve the load (``concurrency`` sequences at once, and

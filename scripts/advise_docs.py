@@ -91,7 +91,8 @@ def render(results_root: Path = ROOT / "results") -> str:
         "`results/perf/advise_validation.md` compares them with `kvbench throughput` on this CPU.",
         "* **Accuracy.** The strategy's Δ against `full` on the asked task, with its 95% interval and verdict "
         "against the 1-point margin, from the committed leaderboards (`results/**/leaderboard.csv`), the row "
-        "with the most questions; the model and context that measured it are named, and marked \"other "
+        "with the most questions (a store judged by a registered design gives the design's verdict on the task "
+        "at its last look, never one read from an interim interval); the model and context that measured it are named, and marked \"other "
         "model\" when they are not the asked model's. A strategy never measured on the task says so; "
         "another task's verdict is never borrowed.",
         "* **Choice.** Among the strategies that serve the load, the evidence first — `full` and strategies "

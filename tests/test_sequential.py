@@ -221,3 +221,37 @@ def test_the_answer_says_why_an_interval_inside_the_margin_is_not_yet_a_verdict(
     assert "undetermined at this n — its 95% interval lies above the margin" in sequential_answer
     assert "at look 1 of 3 of the sequential design" in sequential_answer
     assert "staying within 1 point" in answer_sentence(build(recs), "query-agnostic")
+
+
+def test_under_a_design_a_task_interval_inside_the_margin_is_no_verdict_for_what_reads_the_table():
+    # int8 loses 8 and gains 4 of 1,600 questions on each task: each task's 95% interval lies inside the margin,
+    # which a fixed-n reading calls "holds"; at look 1 of 3 the design's task hypotheses are gated on the pooled
+    # one and undecided, and `kvbench advise` (which reads the CSV) must take the design's word, not the interval's
+    from kvbench import advise
+    from kvbench.leaderboard.table import UNDECIDED_IN, WITHIN
+
+    full, int8 = [1] * 1600, [1] * 1600
+    for i in range(8):
+        int8[150 * i] = 0
+    for i in range(4):
+        full[150 * i + 75] = 0
+    recs = _looked({"full": full, "int8": int8}, per_context=1, tasks=("legal", "papers"))
+    recs = recs.assign(dtype="float32", config_hash="abc", run_id="r-m-abc", seed=0, strategy_name=recs["strategy"],
+                       params="{}")
+    fixed, designed = build(recs).table, build(recs, design=Design(4800, 1600)).table
+    check = claims.check_claims(build(recs, design=Design(4800, 1600)).summary, records=recs, design=Design(4800, 1600))
+    for task in ("legal", "papers"):
+        row = designed[designed["strategy"] == "int8"].iloc[0]
+        assert row[f"{task}.delta_ci_low"] > -1  # the interval alone would say "holds"
+        assert row[f"{task}.verdict"] == UNDECIDED_IN
+        (member,) = check.settings[0].headline[task].members  # the claim check's word on the task, the same
+        assert member.verdict == claims.UNDETERMINED
+        assert f"{task}.verdict" not in fixed  # a fixed-n table carries no per-task verdict ...
+
+    def evidence(table):
+        (m,) = [m for m in advise.measured_from_table(table, "query-agnostic", lambda *_: "4,096", "x",
+                                                       ["legal", "papers"]) if m.label == "int8"]
+        return m.evidence["legal"].verdict
+
+    assert evidence(fixed) == WITHIN  # ... so advise reads its interval, as the leaderboard's words would
+    assert evidence(designed) == UNDECIDED_IN

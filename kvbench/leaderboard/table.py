@@ -85,17 +85,40 @@ def claim_verdicts(summary: pd.DataFrame, setting: str, records: pd.DataFrame | 
         pick = claims.Pick.from_row(row)
         if math.isnan(pick.delta_pp) or math.isnan(pick.ci_low) or math.isnan(pick.ci_high):
             continue
-        verdict = verdicts.get(pick.strategy)
-        holds = verdict == paired.HOLDS if verdict else pick.ci_low > -margin_pp()
-        fails = verdict == paired.FAILS if verdict else pick.ci_high <= -margin_pp()
-        if holds:
-            out[pick.strategy] = WITHIN
-        elif fails:
-            out[pick.strategy] = BEYOND
-        elif verdict == paired.FUTILE:
-            out[pick.strategy] = STOPPED
-        else:
-            out[pick.strategy] = UNDECIDED_IN if pick.within_pp(margin_pp()) else UNDECIDED_OUT
+        out[pick.strategy] = _words(verdicts.get(pick.strategy), pick)
+    return out
+
+
+def _words(verdict: str | None, pick: claims.Pick) -> str:
+    """A non-inferiority verdict in the leaderboard's words (:data:`VERDICT_ORDER`); with none, the pick's
+    unadjusted interval against the margin decides."""
+    holds = verdict == paired.HOLDS if verdict else pick.ci_low > -margin_pp()
+    fails = verdict == paired.FAILS if verdict else pick.ci_high <= -margin_pp()
+    if holds:
+        return WITHIN
+    if fails:
+        return BEYOND
+    if verdict == paired.FUTILE:
+        return STOPPED
+    return UNDECIDED_IN if pick.within_pp(margin_pp()) else UNDECIDED_OUT
+
+
+def task_verdicts(summary: pd.DataFrame, setting: str, records: pd.DataFrame,
+                  design: sequential.Design) -> dict[tuple[str, str], str]:
+    """Under a registered ``design``, every strategy's verdict on each task of ``setting``, keyed by (task,
+    strategy), in the leaderboard's words: a member's as the claim check judges that task's hypothesis
+    (:func:`kvbench.claims.headline`: through the design's looks, gated on the pooled hypotheses), any other
+    strategy's "undetermined" — at an interim look a task's unadjusted 95% interval is no verdict of the design,
+    so nothing reading the table (``kvbench advise``) may take one from it."""
+    rows = summary[(summary["setting"] == setting) & (summary["task"] != OVERALL) & (summary["strategy"] != BASELINE)]
+    out = {}
+    for task, part in rows.groupby("task"):
+        h = claims.headline(summary, str(task), setting, records, design)
+        judged = {p.strategy: m.verdict for p, m in zip(h.member_picks, h.members, strict=True)}
+        for row in part.to_dict("records"):
+            pick = claims.Pick.from_row(row)
+            if not math.isnan(pick.delta_pp):
+                out[str(task), pick.strategy] = _words(judged.get(pick.strategy, paired.UNDETERMINED), pick)
     return out
 
 
@@ -264,6 +287,11 @@ def _add_verdicts(table: pd.DataFrame, summary: pd.DataFrame, records: pd.DataFr
         "" if sec == REFERENCE else verdicts[st].get(s, NOT_POOLED)
         for st, s, sec in zip(table["setting"], table["strategy"], table["section"], strict=True)]
     table["verdict_order"] = [VERDICT_ORDER.get(v, float("nan")) for v in table[f"{OVERALL}.verdict"]]
+    if design is not None and not records.empty:
+        per_task = {st: task_verdicts(summary, st, records, design) for st in set(table["setting"])}
+        for task in sorted({t for v in per_task.values() for t, _ in v}):
+            table[f"{task}.verdict"] = [per_task[st].get((task, s), "")
+                                        for st, s in zip(table["setting"], table["strategy"], strict=True)]
     table["rank"] = float("nan")
     table["tie"] = False
     for setting in set(table["setting"]):
