@@ -26,8 +26,8 @@ committed result store,
   ``kvbench leaderboard``): the row with the most questions, its 95% interval and its verdict against the
   1-point margin (the leaderboard's words; per task, a store under a registered design gives the design's verdict
   on that task, its ``<task>.verdict`` column, and any other store's unadjusted interval decides, as the
-  leaderboard does without records), with the model and context that measured it — labelled when that is not the asked model. A
-  strategy never measured on the task says so; another task's verdict is never borrowed.
+  leaderboard does without records), with the model and context that measured it — labelled when that is not
+  the asked model. A strategy never measured on the task says so; another task's verdict is never borrowed.
 
 One recommendation follows: among the strategies that serve the load (``concurrency`` sequences at once, and
 each decode step within ``latency_ms`` when given; otherwise as many sequences as fit), the evidence first

@@ -92,8 +92,9 @@ def render(results_root: Path = ROOT / "results") -> str:
         "* **Accuracy.** The strategy's Δ against `full` on the asked task, with its 95% interval and verdict "
         "against the 1-point margin, from the committed leaderboards (`results/**/leaderboard.csv`), the row "
         "with the most questions (a store judged by a registered design gives the design's verdict on the task "
-        "at its last look, never one read from an interim interval); the model and context that measured it are named, and marked \"other "
-        "model\" when they are not the asked model's. A strategy never measured on the task says so; "
+        "at its last look, never one read from an interim interval); the model and context that measured it are "
+        "named, and marked \"other model\" when they are not the asked model's. A strategy never measured on the "
+        "task says so; "
         "another task's verdict is never borrowed.",
         "* **Choice.** Among the strategies that serve the load, the evidence first — `full` and strategies "
         "whose interval holds the margin, then those undetermined with Δ above −1 point; never one that "

@@ -205,18 +205,23 @@ def test_leaderboard_and_plan_judge_the_store_at_its_last_look(tmp_path, capsys)
     assert "no sweep file 'nonexistent'" in capsys.readouterr().err
 
 
-def test_the_answer_says_why_an_interval_inside_the_margin_is_not_yet_a_verdict():
-    # 1,600 one-question contexts: int8 loses 8 and gains 4, so its 95% interval lies inside the margin and the
-    # fixed-n test holds; at look 1 of 3 the design's level is stricter and the answer must say so, not claim
-    # the interval straddles the margin
+def _inside_the_margin(extra: dict[str, list[float]] | None = None, tasks=("legal",)) -> pd.DataFrame:
+    """1,600 one-question contexts per task where int8 loses 8 and gains 4: its 95% interval lies inside the
+    margin, so the fixed-n test holds, while at look 1 of 3 of ``Design(4800, 1600)`` nothing is decided."""
     full, int8 = [1] * 1600, [1] * 1600
     for i in range(8):
         int8[150 * i] = 0
     for i in range(4):
         full[150 * i + 75] = 0
-    recs = _looked({"full": full, "int8": int8, "fp8": [0 if i % 3 == 0 else 1 for i in range(1600)]}, per_context=1)
-    recs = recs.assign(dtype="float32", config_hash="abc", run_id="r-m-abc", seed=0, strategy_name=recs["strategy"],
+    recs = _looked({"full": full, "int8": int8, **(extra or {})}, per_context=1, tasks=tasks)
+    return recs.assign(dtype="float32", config_hash="abc", run_id="r-m-abc", seed=0, strategy_name=recs["strategy"],
                        params="{}")
+
+
+def test_the_answer_says_why_an_interval_inside_the_margin_is_not_yet_a_verdict():
+    # at look 1 of 3 the design's level is stricter and the answer must say so, not claim the interval straddles
+    # the margin
+    recs = _inside_the_margin({"fp8": [0 if i % 3 == 0 else 1 for i in range(1600)]})
     sequential_answer = answer_sentence(build(recs, design=Design(4800, 1600)), "query-agnostic")
     assert "undetermined at this n — its 95% interval lies above the margin" in sequential_answer
     assert "at look 1 of 3 of the sequential design" in sequential_answer
@@ -230,16 +235,9 @@ def test_under_a_design_a_task_interval_inside_the_margin_is_no_verdict_for_what
     from kvbench import advise
     from kvbench.leaderboard.table import UNDECIDED_IN, WITHIN
 
-    full, int8 = [1] * 1600, [1] * 1600
-    for i in range(8):
-        int8[150 * i] = 0
-    for i in range(4):
-        full[150 * i + 75] = 0
-    recs = _looked({"full": full, "int8": int8}, per_context=1, tasks=("legal", "papers"))
-    recs = recs.assign(dtype="float32", config_hash="abc", run_id="r-m-abc", seed=0, strategy_name=recs["strategy"],
-                       params="{}")
-    fixed, designed = build(recs).table, build(recs, design=Design(4800, 1600)).table
-    check = claims.check_claims(build(recs, design=Design(4800, 1600)).summary, records=recs, design=Design(4800, 1600))
+    recs, design = _inside_the_margin(tasks=("legal", "papers")), Design(4800, 1600)
+    fixed, lb = build(recs).table, build(recs, design=design)
+    designed, check = lb.table, claims.check_claims(lb.summary, records=lb.records, design=design)
     for task in ("legal", "papers"):
         row = designed[designed["strategy"] == "int8"].iloc[0]
         assert row[f"{task}.delta_ci_low"] > -1  # the interval alone would say "holds"
