@@ -238,8 +238,8 @@ def test_under_a_design_a_task_interval_inside_the_margin_is_no_verdict_for_what
     recs, design = _inside_the_margin(tasks=("legal", "papers")), Design(4800, 1600)
     fixed, lb = build(recs).table, build(recs, design=design)
     designed, check = lb.table, claims.check_claims(lb.summary, records=lb.records, design=design)
+    row = designed[designed["strategy"] == "int8"].iloc[0]
     for task in ("legal", "papers"):
-        row = designed[designed["strategy"] == "int8"].iloc[0]
         assert row[f"{task}.delta_ci_low"] > -1  # the interval alone would say "holds"
         assert row[f"{task}.verdict"] == UNDECIDED_IN
         (member,) = check.settings[0].headline[task].members  # the claim check's word on the task, the same
