@@ -13,7 +13,8 @@
 //   (the query in +-63 so the pair sums fit int16), vpdpbusd where the CPU has VNNI (+-127); the key's scale
 //   folds into the score (KIVI's fold, Liu et al. 2024). int8 values are summed against each row's block weights
 //   (probability times the value's scale) rounded to 7 bits of the block's largest, by vpmaddubsw over the block's
-//   rows interleaved by 4 tokens (interleaved once for every query row), the scale folded back per block;
+//   rows interleaved by 4 tokens (interleaved once for every query row), the scale folded back per block; with
+//   AVX-512 and VNNI (head_dim % 64 == 0) 64 channels a vector, the same integer sums (values_i8_wide);
 // - KIVI's layouts (Liu et al. 2024) of unsigned 4- or 2-bit codes with zero points, rows a whole number of 16-byte
 //   pieces (int4: head_dim % 32 == 0, int2: % 64): keys quantized per channel over groups of tokens score as
 //   q . k_t = sum_c (q_c s_c) code_tc + sum_c q_c z_c: the scales fold into the query once per token group (rounded
@@ -139,6 +140,13 @@ inline __m256i dp(__m256i acc, __m256i u, __m256i v) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1)));
 #endif
 }
+
+// AVX-512 with VNNI: int8 values summed 64 channels a vector (Task::values_i8_wide).
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define KVBENCH_I8_WIDE 1
+#else
+#define KVBENCH_I8_WIDE 0
+#endif
 
 inline float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -922,6 +930,70 @@ struct Task {
     return any;
   }
 
+#if KVBENCH_I8_WIDE
+  // values_i8 with 64 channels a vector (AVX-512 with VNNI, head_dim % 64 == 0): the same weights and the same
+  // integer sums (exact), so the same outputs, in half the interleaving and half the vpdpbusd. Each 128-bit lane
+  // of a 64-channel piece's four vectors holds 4 channels of its 16; they are put back in channel order once per
+  // row and block (a 4 x 4 transpose of 128-bit lanes), not per token.
+  void values_i8_wide(const int8_t* const* r, int quads) {
+    __m512i* X5 = reinterpret_cast<__m512i*>(X);  // [D / 64][kB / 4][4], the same bytes as X's [D / 32][kB / 4][4]
+    for (int64_t c = 0, k = 0; c < D; c += 64, ++k) {
+      for (int qd = 0; qd < quads; ++qd) {
+        const __m512i r0 = _mm512_loadu_si512(r[4 * qd] + c), r1 = _mm512_loadu_si512(r[4 * qd + 1] + c);
+        const __m512i r2 = _mm512_loadu_si512(r[4 * qd + 2] + c), r3 = _mm512_loadu_si512(r[4 * qd + 3] + c);
+        const __m512i lo01 = _mm512_unpacklo_epi8(r0, r1), hi01 = _mm512_unpackhi_epi8(r0, r1);
+        const __m512i lo23 = _mm512_unpacklo_epi8(r2, r3), hi23 = _mm512_unpackhi_epi8(r2, r3);
+        __m512i* x = X5 + (k * (kB / 4) + qd) * 4;  // per 128-bit lane L: channels 16 L + 4 i .. + 3 in x[i]
+        _mm512_storeu_si512(x, _mm512_unpacklo_epi16(lo01, lo23));
+        _mm512_storeu_si512(x + 1, _mm512_unpackhi_epi16(lo01, lo23));
+        _mm512_storeu_si512(x + 2, _mm512_unpacklo_epi16(hi01, hi23));
+        _mm512_storeu_si512(x + 3, _mm512_unpackhi_epi16(hi01, hi23));
+      }
+    }
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // the two packs' lane order undone
+    for (int64_t m = 0; m < M; ++m) {
+      __m256 w[kB / 8];
+      __m256 mv = _mm256_setzero_ps();
+      for (int v = 0; v < kB / 8; ++v) {
+        w[v] = _mm256_mul_ps(_mm256_load_ps(s[m] + 8 * v), _mm256_load_ps(f + 8 * v));
+        mv = _mm256_max_ps(mv, w[v]);
+      }
+      const float top = hmax(mv);
+      if (!(top > 0.f)) continue;
+      const __m256 inv = set1(127.f / top);
+      __m256i wi[4];
+      for (int v = 0; v < 4; ++v) wi[v] = _mm256_cvtps_epi32(_mm256_mul_ps(w[v], inv));
+      alignas(32) int32_t wq[kB / 4];  // token quad qd's four weights as bytes
+      _mm256_store_si256(reinterpret_cast<__m256i*>(wq), _mm256_permutevar8x32_epi32(_mm256_packus_epi16(
+          _mm256_packs_epi32(wi[0], wi[1]), _mm256_packs_epi32(wi[2], wi[3])), order));
+      const __m512 gv = _mm512_set1_ps(top / 127.f);
+      float* am = acc + m * D;
+      for (int64_t c = 0, k = 0; c < D; c += 64, ++k) {
+        const __m512i* x = X5 + k * (kB / 4) * 4;
+        __m512i a[4];
+        for (int i = 0; i < 4; ++i) a[i] = _mm512_setzero_si512();
+        for (int qd = 0; qd < quads; ++qd) {
+          const __m512i wv = _mm512_set1_epi32(wq[qd]);
+          for (int i = 0; i < 4; ++i) a[i] = _mm512_dpbusd_epi32(a[i], wv, _mm512_loadu_si512(x + qd * 4 + i));
+        }
+        // out[L] = lane L of a[0..3]: channels 16 L .. 16 L + 15 in order
+        const __m512i t0 = _mm512_shuffle_i32x4(a[0], a[1], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i t1 = _mm512_shuffle_i32x4(a[2], a[3], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i t2 = _mm512_shuffle_i32x4(a[0], a[1], _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512i t3 = _mm512_shuffle_i32x4(a[2], a[3], _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512i out[4] = {_mm512_shuffle_i32x4(t0, t1, _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm512_shuffle_i32x4(t0, t1, _MM_SHUFFLE(3, 1, 3, 1)),
+                                _mm512_shuffle_i32x4(t2, t3, _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm512_shuffle_i32x4(t2, t3, _MM_SHUFFLE(3, 1, 3, 1))};
+        for (int i = 0; i < 4; ++i) {
+          _mm512_storeu_ps(am + c + 16 * i,
+                           _mm512_fmadd_ps(_mm512_cvtepi32_ps(out[i]), gv, _mm512_loadu_ps(am + c + 16 * i)));
+        }
+      }
+    }
+  }
+#endif
+
   // acc[m] += sum_t s[m][t] * value_t over int8 values with one scale per token: per query row, the block's
   // weights (probability times the token's scale) rounded to 7-bit unsigned integers of the block's largest,
   // vpmaddubsw's unsigned operand (pair sums cannot saturate: 2 * 127 * 128 < 2^15), against the values
@@ -932,6 +1004,9 @@ struct Task {
     for (int t = 0; t < kB; ++t) r[t] = base + (j0 + std::min(t, n - 1)) * p.sn;  // past n: weight 0
     token_factors(p, j0, n, kB, f);
     const int quads = (n + 3) / 4;
+#if KVBENCH_I8_WIDE
+    if (D % 64 == 0) return values_i8_wide(r, quads);
+#endif
     // X[k][qd][i] holds, per channel, the bytes of tokens 4 qd .. 4 qd + 3, for channels 32k + 4i .. +3 (low
     // 128 bits) and 32k + 16 + 4i .. +3 (high).
     for (int64_t c = 0, k = 0; c < D; c += 32, ++k) {
@@ -1435,7 +1510,9 @@ torch::Tensor attend_simd(const torch::Tensor& q, const std::vector<torch::Tenso
 // The instruction sets this build's integer path uses (for the benchmarks' record).
 std::string isa() {
 #if defined(__AVX2__) && defined(__FMA__)
-#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#if KVBENCH_I8_WIDE
+  return "avx2+fma+vnni, avx512 for int8 values";
+#elif defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
   return "avx2+fma+vnni";
 #else
   return "avx2+fma";
