@@ -930,6 +930,27 @@ struct Task {
     return any;
   }
 
+  // Row m's block weights (probability times the token's scale, f) rounded to 7-bit unsigned integers of the
+  // block's largest, token quad qd's four as the bytes of wq[qd]; returns that largest (not above 0: the row adds
+  // nothing this block, and wq is left as it was).
+  float quad_weights(int64_t m, int32_t* wq) {
+    __m256 w[kB / 8];
+    __m256 mv = _mm256_setzero_ps();
+    for (int v = 0; v < kB / 8; ++v) {
+      w[v] = _mm256_mul_ps(_mm256_load_ps(s[m] + 8 * v), _mm256_load_ps(f + 8 * v));
+      mv = _mm256_max_ps(mv, w[v]);
+    }
+    const float top = hmax(mv);
+    if (!(top > 0.f)) return top;
+    const __m256 inv = set1(127.f / top);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // the two packs' lane order undone
+    __m256i wi[4];
+    for (int v = 0; v < 4; ++v) wi[v] = _mm256_cvtps_epi32(_mm256_mul_ps(w[v], inv));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(wq), _mm256_permutevar8x32_epi32(_mm256_packus_epi16(
+        _mm256_packs_epi32(wi[0], wi[1]), _mm256_packs_epi32(wi[2], wi[3])), order));
+    return top;
+  }
+
 #if KVBENCH_I8_WIDE
   // values_i8 with 64 channels a vector (AVX-512 with VNNI, head_dim % 64 == 0): the same weights and the same
   // integer sums (exact), so the same outputs, in half the interleaving and half the vpdpbusd. Each 128-bit lane
@@ -950,22 +971,10 @@ struct Task {
         _mm512_storeu_si512(x + 3, _mm512_unpackhi_epi16(hi01, hi23));
       }
     }
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // the two packs' lane order undone
     for (int64_t m = 0; m < M; ++m) {
-      __m256 w[kB / 8];
-      __m256 mv = _mm256_setzero_ps();
-      for (int v = 0; v < kB / 8; ++v) {
-        w[v] = _mm256_mul_ps(_mm256_load_ps(s[m] + 8 * v), _mm256_load_ps(f + 8 * v));
-        mv = _mm256_max_ps(mv, w[v]);
-      }
-      const float top = hmax(mv);
+      alignas(32) int32_t wq[kB / 4];
+      const float top = quad_weights(m, wq);
       if (!(top > 0.f)) continue;
-      const __m256 inv = set1(127.f / top);
-      __m256i wi[4];
-      for (int v = 0; v < 4; ++v) wi[v] = _mm256_cvtps_epi32(_mm256_mul_ps(w[v], inv));
-      alignas(32) int32_t wq[kB / 4];  // token quad qd's four weights as bytes
-      _mm256_store_si256(reinterpret_cast<__m256i*>(wq), _mm256_permutevar8x32_epi32(_mm256_packus_epi16(
-          _mm256_packs_epi32(wi[0], wi[1]), _mm256_packs_epi32(wi[2], wi[3])), order));
       const __m512 gv = _mm512_set1_ps(top / 127.f);
       float* am = acc + m * D;
       for (int64_t c = 0, k = 0; c < D; c += 64, ++k) {
@@ -1022,22 +1031,10 @@ struct Task {
         x[3] = _mm256_unpackhi_epi16(hi01, hi23);
       }
     }
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // the two packs' lane order undone
     for (int64_t m = 0; m < M; ++m) {
-      __m256 w[kB / 8];
-      __m256 mv = _mm256_setzero_ps();
-      for (int v = 0; v < kB / 8; ++v) {
-        w[v] = _mm256_mul_ps(_mm256_load_ps(s[m] + 8 * v), _mm256_load_ps(f + 8 * v));
-        mv = _mm256_max_ps(mv, w[v]);
-      }
-      const float top = hmax(mv);
+      alignas(32) int32_t wq[kB / 4];
+      const float top = quad_weights(m, wq);
       if (!(top > 0.f)) continue;
-      const __m256 inv = set1(127.f / top);
-      __m256i wi[4];
-      for (int v = 0; v < 4; ++v) wi[v] = _mm256_cvtps_epi32(_mm256_mul_ps(w[v], inv));
-      alignas(32) int32_t wq[kB / 4];  // token quad qd's four weights as bytes
-      _mm256_store_si256(reinterpret_cast<__m256i*>(wq), _mm256_permutevar8x32_epi32(_mm256_packus_epi16(
-          _mm256_packs_epi32(wi[0], wi[1]), _mm256_packs_epi32(wi[2], wi[3])), order));
       const __m256 gv = set1(top / 127.f);
       float* am = acc + m * D;
       for (int64_t c = 0, k = 0; c < D; c += 32, ++k) {
