@@ -112,7 +112,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "results" / "perf"))
     args = ap.parse_args()
     if args.layers < 1:
-        raise SystemExit("--layers: a positive number of layers")
+        ap.error(f"--layers {args.layers}: a positive number of layers (1: one layer read again and again)")
     fused.choose(args.reader)
     if not fused.available():
         raise SystemExit("the fused kernel could not be built here (a C++ compiler and ninja are needed)")
