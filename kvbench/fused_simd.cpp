@@ -40,6 +40,8 @@
 //   vpdpbusd's 8-bit operands. BFP's mantissas are integers under an exponent per block of channels, so a score is
 //   a sum of per-block integer dots each times its power of two: possible with per-block partial sums (as KIVI's
 //   token-axis keys would need), not built.
+// - the next block's rows and their scales are prefetched while a block is read (Task::prefetch_block): from
+//   memory, the int8 reader otherwise took as long per token as bfloat16's (results/perf/simd/*/30-layers).
 // Flash-decoding's split over chunks and the final merge are the first kernel's. The first kernel is kept as it
 // is (its runs must reproduce); without AVX2 and FMA this module's attend is the first kernel's.
 //
@@ -1395,6 +1397,47 @@ struct Task {
     for (int o = 0; o < n; o += kS) values_sub(p, j0 + o, std::min(kS, n - o), o);
   }
 
+  // Prefetch into L1 the rows of tokens j0 .. j0 + kB - 1 held by parts ps[i], ps[i + 1], ... and their scales
+  // and zero points, one block before the block is read. The hardware prefetcher alone left the int8 reader
+  // waiting on its row loads once the stores outgrow the caches (30 layers: as long per token as bfloat16's, for
+  // half the bytes; results/perf/simd/avx512-vnni/30-layers). Inline assembly, not _mm_prefetch: GCC 12 dropped
+  // the builtin's loop from this file (no prefetch instruction in the object); a prefetch changes no result.
+  static void prefetch_lines(const char* lo, const char* hi) {
+    for (const char* a = lo; a < hi; a += 64) asm volatile("prefetcht0 %0" : : "m"(*a));
+  }
+  void prefetch_side(const Side& sd, const Part& p, int64_t a, int64_t z) {
+    if (sd.type == kNone) return;
+    // no division where a side has one row per token or one column (int8's scale): this runs once per block
+    const int64_t r0 = p.tg > 1 ? a / p.tg : a, r1 = p.tg > 1 ? (z - 1) / p.tg : z - 1;
+    const int64_t last = p.cg >= D ? 0 : (D - 1) / p.cg;
+    const int e = sd.type == kF32 ? 4 : sd.type == kF16 ? 2 : 1;
+    const char* base = static_cast<const char*>(sd.ptr) + (b * sd.sb + h * sd.sh) * e;
+    const char* lo = base + r0 * sd.sr * e;
+    const char* hi = base + (r1 * sd.sr + last * sd.sc + 1) * e;
+    prefetch_lines(lo, std::min(hi, lo + 2048));  // a side's rows are small; a strided layout is not chased
+  }
+  void prefetch_block(const std::vector<Part>& ps, size_t i, int64_t j0) {
+    const int64_t j1 = j0 + kB;
+    for (; i < ps.size() && ps[i].first < j1; ++i) {
+      const Part& p = ps[i];
+      const int64_t a = std::max(j0, p.first) - p.first, z = std::min(j1, p.first + p.n) - p.first;
+      if (a >= z) continue;
+      const int e = p.bits == 0 ? 4 : (p.bits == 16 || p.bits == -16) ? 2 : 1;  // bytes per element as stored
+      const int64_t row = p.bits == 0 ? 4 * D : D * std::abs(p.bits) / 8;    // bytes per row
+      // rows under half a line (KIVI int2 at 64 channels): the reader is bound by its arithmetic there, and the
+      // prefetches cost more than they saved (measured)
+      if (row < 32) continue;
+      const char* base = static_cast<const char*>(p.data) + (b * p.sb + h * p.sh) * e;
+      if (p.sn * e == row) {
+        prefetch_lines(base + a * row, base + z * row);
+      } else {
+        for (int64_t j = a; j < z; ++j) prefetch_lines(base + j * p.sn * e, base + j * p.sn * e + row);
+      }
+      prefetch_side(p.scale, p, a, z);
+      prefetch_side(p.zero, p, a, z);
+    }
+  }
+
   void run(int64_t n0, int64_t n1) {
     for (int64_t m = 0; m < M; ++m) {
       mx[m] = -std::numeric_limits<float>::infinity();
@@ -1408,6 +1451,8 @@ struct Task {
       const Part &k = kp[ki], &v = vp[vi];
       const int64_t end = std::min({n + kB, n1, k.first + k.n, v.first + v.n});
       const int cnt = static_cast<int>(end - n);
+      prefetch_block(kp, ki, end);  // the next block's keys and values (past n1: the next task's, as a rule)
+      prefetch_block(vp, vi, end);
       score(k, n - k.first, cnt);
       if (softmax(n, cnt)) values(v, n - v.first, cnt);
       n = end;
