@@ -11,6 +11,9 @@ The registry-wide test in tests/test_attention.py runs every strategy through wh
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -475,3 +478,13 @@ def test_reader_choice_is_validated_and_named():
         assert fused.reader() == fused.READERS[fused.DEFAULT_READER]
     finally:
         fused.choose("auto")
+
+
+def test_simd_build_holds_its_prefetches():
+    """The vector reader's prefetch of the next block is in its object: GCC 12 once left an ``_mm_prefetch`` loop
+    out of this file without a word, and the reader then waited on memory (docs/throughput.md)."""
+    mod, objdump = fused._simd(), shutil.which("objdump")
+    if mod is None or objdump is None or mod.isa().startswith("scalar"):
+        pytest.skip("no vector build or no objdump here")
+    listing = subprocess.run([objdump, "-d", mod.__file__], capture_output=True, text=True, check=True).stdout
+    assert "prefetcht0" in listing
