@@ -156,3 +156,36 @@ def test_upcast_kernel_reads_a_few_rows_against_bf16_weights() -> None:
     half = torch.nn.Linear(64, 8).to(torch.float16)
     linear.use(torch.nn.Sequential(half), "upcast", "cpu")
     assert half.forward.kernel is None  # float16 weights take the slices
+
+
+def _eight_lane_sums(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``linear_rows.cpp``'s order, written out: lane j of y[m, n] takes x[m, k] * w[n, k] for k = j (mod 8) by
+    fused multiply-adds in increasing k (the bf16 x float32 product is exact in float64, so one rounding of the
+    float64 sum is the FMA's for these inputs), then the lanes are added as its hsum does (4 + 4, 2 + 2, 1 + 1)."""
+    lanes = torch.zeros(x.shape[0], w.shape[0], 8, dtype=torch.float32)
+    for k in range(0, x.shape[1], 8):
+        p = x[:, None, k:k + 8].double() * w[None, :, k:k + 8].double()
+        lanes = (p + lanes.double()).float()
+    s4 = lanes[..., :4] + lanes[..., 4:]
+    s2 = s4[..., :2] + s4[..., 2:]
+    return s2[..., 0] + s2[..., 1]
+
+
+def test_upcast_kernel_sums_in_one_order_whatever_the_block() -> None:
+    """Every output is summed in the one order above, bit for bit, whatever the rows batched with it, its place in
+    the kernel's blocks of weight rows (48 per thread's block, 6 to 16 at once with AVX-512, the rest one by one)
+    and the CPU's vector width: ``upcast`` runs then reproduce across batch sizes and machines with AVX2 or
+    AVX-512. A kernel that sums in another order (faster or not) is another run identity, and fails here."""
+    kernel = linear.rows_kernel()
+    if kernel is None:
+        pytest.skip("no C++ toolchain for kvbench/linear_rows.cpp (or KVBENCH_FUSED=0)")
+    torch.manual_seed(3)
+    w = torch.randn(101, 64).to(torch.bfloat16)  # 48 + 48 + 5 weight rows
+    bias = torch.randn(101)
+    x = torch.randn(kernel.max_rows(), 64) * 4
+    want = _eight_lane_sums(x, w.float())
+    for rows in range(1, kernel.max_rows() + 1):
+        assert torch.equal(kernel.linear_rows(x[:rows].contiguous(), w, None), want[:rows]), rows
+        assert torch.equal(kernel.linear_rows(x[:rows].contiguous(), w, bias), want[:rows] + bias), rows
+    for n in (0, 47, 48, 100):  # one weight row alone: the same bits as inside a block
+        assert torch.equal(kernel.linear_rows(x[:5].contiguous(), w[n:n + 1].contiguous(), None), want[:5, n:n + 1])
