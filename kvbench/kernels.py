@@ -186,6 +186,13 @@ def _import(name: str, lib: Path) -> Any:
     return module
 
 
+def library(module: Any) -> Path:
+    """The file a kernel module returned by :func:`load` lives in now: one built in this process was imported from
+    its build folder, which :func:`load` then moved up into the cache (and removed)."""
+    lib = Path(module.__file__)
+    return lib if lib.exists() else lib.parent.parent / lib.name
+
+
 def _build(name: str, sources: Sequence[Path], flags: list[str], ldflags: list[str], work: Path) -> tuple[Path, Any]:
     """Compile into ``work`` with torch's extension builder; returns the library it wrote and the module (torch
     imports what it builds)."""

@@ -79,3 +79,20 @@ def single_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def disassembly():
+    """``objdump -d`` of a kernel module's library (``kvbench.kernels.library``); skips where objdump is missing."""
+    import shutil
+    import subprocess
+
+    from kvbench.kernels import library
+
+    def listing(module: ModuleType) -> str:
+        objdump = shutil.which("objdump")
+        if objdump is None:
+            pytest.skip("no objdump here")
+        return subprocess.run([objdump, "-d", str(library(module))], capture_output=True, text=True,
+                              check=True).stdout
+    return listing

@@ -191,20 +191,14 @@ def test_upcast_kernel_sums_in_one_order_whatever_the_block() -> None:
         assert torch.equal(kernel.linear_rows(x[:5].contiguous(), w[n:n + 1].contiguous(), None), want[:5, n:n + 1])
 
 
-def test_upcast_kernel_build_holds_its_prefetches() -> None:
+def test_upcast_kernel_build_holds_its_prefetches(disassembly) -> None:
     """With AVX-512 the kernel prefetches the next block of weight rows (from memory, blocks of rows read at once
     were slower than one row at a time without it): the instructions must be in the object, as a compiler once
     left another file's prefetch loop out without a word (tests/test_fused.py)."""
-    import shutil
-    import subprocess
     from pathlib import Path
 
-    kernel, objdump = linear.rows_kernel(), shutil.which("objdump")
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    if kernel is None or objdump is None or " avx512f" not in flags:
-        pytest.skip("no kernel build, no objdump, or no AVX-512 (the AVX2 loop reads one row at a time, unprefetched)")
-    lib = Path(kernel.__file__)
-    if not lib.exists():  # built in this process: imported from its build folder, then moved up into the cache
-        lib = lib.parent.parent / lib.name
-    listing = subprocess.run([objdump, "-d", str(lib)], capture_output=True, text=True, check=True).stdout
-    assert "prefetcht0" in listing
+    kernel = linear.rows_kernel()
+    info = Path("/proc/cpuinfo")
+    if kernel is None or " avx512f" not in (info.read_text() if info.exists() else ""):
+        pytest.skip("no kernel build, or no AVX-512 (the AVX2 loop reads one row at a time, unprefetched)")
+    assert "prefetcht0" in disassembly(kernel)
