@@ -60,23 +60,17 @@ inline __m256 bf16x8(const uint16_t* w) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-// R rows of x (float32, stride K) times C bf16 weight rows (stride K, K % 8 == 0) into out[r * N + c] (C = 1: the
-// first version's loop).
-template <int R, int C>
-inline void dot_block(const float* x, const uint16_t* w, int64_t K, float* out, int64_t N) {
-  __m256 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+// R rows of x (float32, stride K) times one bf16 weight row w (K % 8 == 0) into out[r * N]: the first version's
+// loop, and the order every path sums in.
+template <int R>
+inline void dot_rows(const float* x, const uint16_t* w, int64_t K, float* out, int64_t N) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; k += 8) {
-    __m256 wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = bf16x8(w + c * K + k);
-    for (int r = 0; r < R; ++r) {
-      const __m256 xv = _mm256_loadu_ps(x + r * K + k);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(wv[c], xv, acc[r][c]);
-    }
+    const __m256 wv = bf16x8(w + k);
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * K + k), acc[r]);
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) out[r * N + c] = hsum(acc[r][c]);
+  for (int r = 0; r < R; ++r) out[r * N] = hsum(acc[r]);
 }
 
 #if defined(__AVX512F__)
@@ -136,9 +130,8 @@ constexpr BlockRows kBlockRows[kGroup + 1] = {nullptr, block_rows<1>, block_rows
 // One weight row at a time: AVX2's loop, and AVX-512's for a weight's rows past its last full block. AVX2 keeps the
 // first version's loop because blocks of two or four ymm weight rows, twice as fast from the caches, ran at half the
 // speed from memory on the one CPU measured (a Zen 5 built with AVX-512 switched off; no AVX2-only CPU was at hand).
-constexpr BlockRows kOneCol[kGroup + 1] = {nullptr, dot_block<1, 1>, dot_block<2, 1>, dot_block<3, 1>,
-                                           dot_block<4, 1>, dot_block<5, 1>, dot_block<6, 1>, dot_block<7, 1>,
-                                           dot_block<8, 1>};
+constexpr BlockRows kOneCol[kGroup + 1] = {nullptr, dot_rows<1>, dot_rows<2>, dot_rows<3>, dot_rows<4>,
+                                           dot_rows<5>, dot_rows<6>, dot_rows<7>, dot_rows<8>};
 #endif
 
 void scalar_rows(const float* x, const uint16_t* w, int64_t K, int rows, float* out, int64_t N) {
