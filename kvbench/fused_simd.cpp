@@ -1400,8 +1400,11 @@ struct Task {
   // Prefetch into L1 the rows of tokens j0 .. j0 + kB - 1 held by parts ps[i], ps[i + 1], ... and their scales
   // and zero points, one block before the block is read. The hardware prefetcher alone left the int8 reader
   // waiting on its row loads once the stores outgrow the caches (30 layers: as long per token as bfloat16's, for
-  // half the bytes; results/perf/simd/avx512-vnni/30-layers). Inline assembly, not _mm_prefetch: GCC 12 dropped
-  // the builtin's loop from this file (no prefetch instruction in the object); a prefetch changes no result.
+  // half the bytes; results/perf/simd/avx512-vnni/30-layers). Inline assembly, not __builtin_prefetch: GCC counts
+  // a prefetch as no side effect, so under C++'s forward-progress rule (-ffinite-loops, on from -O2) it deletes a
+  // loop that does nothing else; with that rule off it keeps the loop but finds prefetch_block pure and deletes
+  // the calls (GCC 12: no prefetch executed either way, and no faster than none; linear_rows.cpp's builtins live in
+  // loops that do work). A prefetch changes no result.
   static void prefetch_lines(const char* lo, const char* hi) {
     for (const char* a = lo; a < hi; a += 64) asm volatile("prefetcht0 %0" : : "m"(*a));
   }
