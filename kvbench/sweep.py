@@ -16,7 +16,7 @@ A sweep file has
   job adding at most this many samples per round (``engine.max_new_samples``, not part of a run's identity; a
   sample is one question, and ``task.n_samples`` counts contexts when each carries several), so
   a sweep stopped between rounds leaves every job within ``per_round`` samples of the others. ``--per-round``
-  overrides it; ``--rounds N`` runs N rounds (default: enough for the largest job to finish).
+  overrides it; ``--rounds N`` runs N rounds (default: enough for the job with the most questions left).
 * ``design`` (optional) — the sweep's pre-registered looks, for a sweep judged while it grows (spec v1.2 §2.5,
   :mod:`kvbench.sequential`): ``look_every`` contexts per task between looks, ``spending``
   (``obrien-fleming``, default, or ``pocock``); the planned contexts are the file's ``task.n_samples``.
@@ -222,11 +222,14 @@ def load_design(path: str | Path) -> Design:
 
 
 def rounds_needed(sweep: Sweep, jobs: list[JobInfo]) -> int:
-    """Rounds for the largest job to reach all its questions from nothing (1 without ``per_round``).
-    ``per_round`` counts questions (``engine.max_new_samples``), ``task.n_samples`` counts contexts."""
+    """Rounds for the job with the most questions left to reach all of them (1 without ``per_round``; 0 when
+    every job already has all its questions: a resumed sweep launches no round of jobs that find nothing to do,
+    each of which would still load the model). ``per_round`` counts questions (``engine.max_new_samples``),
+    ``task.n_samples`` counts contexts; ``done`` is what each job holds with every strategy."""
     if not sweep.per_round:
         return 1
-    return max(1, math.ceil(max((j.n_questions for j in jobs), default=1) / sweep.per_round))
+    left = [max(0, j.n_questions - j.done) for j in jobs] or [1]
+    return math.ceil(max(left) / sweep.per_round)
 
 
 def describe_jobs(sweep: Sweep) -> list[JobInfo]:
@@ -363,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"each job adds at most K samples per round ({ROUND_LIMIT}, not part of a run's "
                              "identity; default: the sweep file's per_round; 0: no rounds)")
     parser.add_argument("--rounds", type=int, default=None, metavar="N",
-                        help="run N rounds (needs per_round; default: enough for the largest job to finish)")
+                        help="run N rounds (needs per_round; default: enough for the job with the most questions left)")
     return parser
 
 
@@ -418,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds = [commands(sweep, stamp=stamp, round_no=r) for r in range(1, n_rounds + 1)]
     for cmd in (c for cmds in rounds for c in cmds):
         print("$ " + shlex.join(cmd))
+    if not rounds:
+        print("nothing to run: every job holds all its questions")
     if args.dry_run:
         return 0
     for r, cmds in enumerate(rounds, 1):

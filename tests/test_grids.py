@@ -150,6 +150,12 @@ def test_headline_rounds_are_the_file_s_per_round():
     assert sweep_mod.rounds_needed(sw, jobs) == math.ceil(150 * 8 / 16) == 75
     single = sweep_mod.JobInfo("smollm2-135m", "cpu", 4096, 150, [("full", "full")])
     assert sweep_mod.rounds_needed(sw, [single]) == math.ceil(150 / 16) == 10
+    # resumed: the rounds the job with the most questions left needs, none once every job holds all of them
+    # (resumed at 6,400 of 6,400 lines, the confirmatory sweep went on launching its 80 rounds, each job idle)
+    part = [sweep_mod.JobInfo("smollm2-135m", "cpu", 4096, 150, [("full", "full")], done=d) for d in (100, 140)]
+    assert sweep_mod.rounds_needed(sw, part) == math.ceil(50 / 16) == 4
+    full = [sweep_mod.JobInfo("smollm2-135m", "cpu", 4096, 150, [("full", "full")], done=d) for d in (150, 160)]
+    assert sweep_mod.rounds_needed(sw, full) == 0
     cmds = [c for r in (1, 2) for c in sweep_mod.commands(sw, python="python", stamp="T", round_no=r)]
     assert all("engine.max_new_samples=16" in c for c in cmds)
     assert [c[-1] for c in cmds] == [f"hydra.sweep.dir=${{results_dir}}/multirun/headline/T/round-0{r}/00-headline"

@@ -436,8 +436,9 @@ def test_results_dir_routes_every_job_and_job_dirs_hold_hydra_files_and_a_run_po
 
 
 def test_rounds_bring_a_job_up_per_round_samples_at_a_time(tmp_path, monkeypatch, capsys):
-    """per_round: 1 on a two-sample job: round 1 stops after one sample (its records only), the default
-    rounds (ceil(2 / 1) = 2) finish it, each round in its own directory; job_runs finds the run."""
+    """per_round: 1 on a two-sample job: round 1 stops after one sample (its records only); resumed, the default
+    rounds are what the job has left (ceil((2 - 1) / 1) = 1, in a directory of its own), and once it is finished
+    none; job_runs finds the run."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     results = tmp_path / "results"
     path = _write_sweep(tmp_path / "r.yaml", {"name": "r", "overrides": [*_tiny_job(), "task.n_samples=2"],
@@ -445,17 +446,18 @@ def test_rounds_bring_a_job_up_per_round_samples_at_a_time(tmp_path, monkeypatch
     assert sweep_mod.main([str(path), "--rounds", "1", "--results-dir", str(results)]) == 0
     assert len(read_store(results)) == 2  # one sample: full + int8
     assert sweep_mod.main([str(path), "--results-dir", str(results)]) == 0
-    assert "round 2 of 2" in capsys.readouterr().out
+    assert "1 round(s), each job adding up to 1 samples" in capsys.readouterr().out
     # The dry run finds the finished job under the run id the run itself used (not a projection from scratch).
     assert sweep_mod.main([str(path), "--dry-run", "--list", "--results-dir", str(results)]) == 0
     out = capsys.readouterr().out
     assert "done: 1 of 1 jobs finished, 2 of 2 questions stored" in out
+    assert "0 round(s)" in out and "nothing to run: every job holds all its questions" in out
     [run_dir] = (results / "runs").iterdir()
     assert f"{run_dir.name}: 2 of 2" in out
     store = read_store(results)
     assert len(store) == 4 and store["sample_id"].nunique() == 2 and _unique_keys(store)
     newest = sorted((results / "multirun" / "r").iterdir())[-1]
-    assert sorted(p.name for p in newest.iterdir()) == ["round-01", "round-02"]
+    assert sorted(p.name for p in newest.iterdir()) == ["round-01"]
     [(overrides, run, reason)] = sweep_mod.job_runs(results, "r")
     assert "task.n_samples=2" in overrides and not any("max_new_samples" in o for o in overrides)
     assert run is not None and (run / "summary.csv").is_file() and reason == ""
