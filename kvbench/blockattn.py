@@ -79,13 +79,15 @@ class Dense:
 class TokenRun:
     """Parts in token order, read as one sequence of tokens; ``heads``: the KV heads every part holds."""
 
-    def __init__(self, parts: Sequence[Part], heads: int) -> None:
+    def __init__(self, parts: Sequence[Part], heads: int, lengths: Sequence[int] | None = None) -> None:
+        """``lengths``: the parts' token counts where the caller keeps them (else each part is asked: a shape
+        lookup or more per part, two runs per layer and decode step)."""
         self.heads = heads
         self.parts: list[Part] = []
         self.starts: list[int] = []
         n = 0
-        for p in parts:
-            m = p.num_tokens  # a shape lookup (or more) per call: once per part (a decode step builds two runs)
+        for i, p in enumerate(parts):
+            m = p.num_tokens if lengths is None else lengths[i]
             if m:
                 self.parts.append(p)
                 self.starts.append(n)

@@ -60,20 +60,27 @@ class Fused:
     tg: int = 1
     cg: int = 1
 
-    @property
+    @functools.cached_property  # asked of every part at every read; a cut (head) keeps it
     def width(self) -> int:
         """Channels per row: ``data``'s last dimension, times the codes per byte where codes are packed."""
         return int(self.data.shape[-1]) * (8 // self.bits if self.bits in (2, 4) else 1)
 
-    def head(self, tokens: int) -> Fused | None:
+    def head(self, tokens: int, data: torch.Tensor | None = None) -> Fused | None:
         """The part's first ``tokens`` tokens: ``data`` and per-token sides (``tg = 1``) cut, shared sides (``tg =
-        0``) kept; ``None`` for sides by groups of tokens."""
+        0``) kept; ``None`` for sides by groups of tokens. ``data``: that cut of ``data`` where the caller made it."""
         if self.tg not in (0, 1):
             return None
-        def cut(t: torch.Tensor | None) -> torch.Tensor | None:
-            return t if t is None or self.tg == 0 else t.narrow(2, 0, tokens)
-        return Fused(self.data.narrow(2, 0, tokens), self.bits, self.mode, cut(self.scale), cut(self.zero),
-                     self.tg, self.cg)
+        # Made without the dataclass's __init__ (a decode step cuts two descriptions per layer and sequence):
+        # this part's fields, data and per-token sides cut.
+        part = object.__new__(Fused)
+        fields = part.__dict__
+        fields.update(self.__dict__)
+        fields["data"] = self.data.narrow(2, 0, tokens) if data is None else data
+        if self.tg == 1:
+            for side in ("scale", "zero"):
+                if fields[side] is not None:
+                    fields[side] = fields[side].narrow(2, 0, tokens)
+        return part
 
     def flat(self) -> tuple[list[torch.Tensor], list[int]]:
         tensors = [self.data, EMPTY if self.scale is None else self.scale, EMPTY if self.zero is None else self.zero]

@@ -42,6 +42,10 @@
 //   token-axis keys would need), not built.
 // - the next block's rows and their scales are prefetched while a block is read (Task::prefetch_block): from
 //   memory, the int8 reader otherwise took as long per token as bfloat16's (results/perf/simd/*/30-layers).
+// Ablation builds (scripts/bench_reader_parts.py, timing only: their outputs are wrong by design, and the harness
+// never builds them): KVBENCH_ABLATE_SCORE leaves every score 0, KVBENCH_ABLATE_SOFTMAX every weight 1 / kB,
+// KVBENCH_ABLATE_VALUES adds nothing, KVBENCH_ABLATE_PREFETCH issues no prefetch; what a build without a part saves
+// is that part's time, with the loop, the call and the rows' traffic left when all four are off.
 // Flash-decoding's split over chunks and the final merge are the first kernel's. The first kernel is kept as it
 // is (its runs must reproduce); without AVX2 and FMA this module's attend is the first kernel's.
 //
@@ -877,6 +881,10 @@ struct Task {
   }
 
   void score(const Part& p, int64_t j0, int n) {
+#if KVBENCH_ABLATE_SCORE
+    for (int64_t m = 0; m < M; ++m) std::fill(s[m], s[m] + kB, 0.f);
+    return;
+#endif
     if (packed_keys(p, D)) return score_packed(p, j0, n);
     if (int8_folded(p, D)) return score_i8(p, j0, n);
     if (dense16(p, D)) return p.bits == 16 ? score_dense16<true>(p, j0, n) : score_dense16<false>(p, j0, n);
@@ -886,6 +894,10 @@ struct Task {
   // The block's scores to probabilities, merged into each row's running maximum, denominator and sum.
   // Returns whether any row has a nonzero probability (else the values need not be read).
   bool softmax(int64_t n_abs, int n) {
+#if KVBENCH_ABLATE_SOFTMAX
+    for (int64_t m = 0; m < M; ++m) std::fill(s[m], s[m] + kB, 1.f / kB);
+    return true;
+#endif
     bool any = false;
     const __m256 ninf = set1(-std::numeric_limits<float>::infinity());
     const __m256 iota = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
@@ -1391,6 +1403,9 @@ struct Task {
   }
 
   void values(const Part& p, int64_t j0, int n) {
+#if KVBENCH_ABLATE_VALUES
+    return;
+#endif
     if (packed_values(p, D)) return values_packed(p, j0, n);
     if (int8_folded(p, D)) return values_i8(p, j0, n);
     if (dense16(p, D)) return p.bits == 16 ? values_dense16<true>(p, j0, n) : values_dense16<false>(p, j0, n);
@@ -1454,8 +1469,10 @@ struct Task {
       const Part &k = kp[ki], &v = vp[vi];
       const int64_t end = std::min({n + kB, n1, k.first + k.n, v.first + v.n});
       const int cnt = static_cast<int>(end - n);
+#if !KVBENCH_ABLATE_PREFETCH
       prefetch_block(kp, ki, end);  // the next block's keys and values (past n1: the next task's, as a rule)
       prefetch_block(vp, vi, end);
+#endif
       score(k, n - k.first, cnt);
       if (softmax(n, cnt)) values(v, n - v.first, cnt);
       n = end;

@@ -195,10 +195,20 @@ class TokenChunk(ABC):
         """Tokens ``0 .. length - 1`` as views of this chunk's storage (no copy: ``ChunkList``'s tail grows through
         them), described for the kernel by cutting this chunk's description (:meth:`kvbench.fused.Fused.head`)
         rather than anew at every decode step."""
-        view = dataclasses.replace(self, **{  # type: ignore[type-var]
-            f: getattr(self, f).narrow(d, 0, length) for f, d in self.TOKEN_DIMS.items()})
+        # Made without dataclasses.replace (its field walk and __init__ were most of a decode step's append,
+        # twice per layer and sequence): the same fields as this chunk, which was built and checked once, with
+        # the per-token ones cut and no description of the whole carried over.
+        view = object.__new__(type(self))
+        fields = view.__dict__
+        fields.update(self.__dict__)
+        fields.pop("_described", None)
+        for f, d in self.TOKEN_DIMS.items():
+            fields[f] = fields[f].narrow(d, 0, length)
         whole = self.fused()
-        part = None if whole is None else whole.head(length)
+        payload = next(iter(self.TOKEN_DIMS))
+        # The description's data is the payload itself where the format reads its codes as stored: one cut serves both.
+        data = fields[payload] if whole is not None and whole.data is self.__dict__[payload] else None
+        part = None if whole is None else whole.head(length, data)
         if part is not None:
             view.__dict__["_described"] = part
         return view

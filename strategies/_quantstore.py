@@ -338,6 +338,11 @@ class Stream:
         assert self.r is not None
         return [*self.chunks.pieces, Dense(self.r)]
 
+    def run(self, heads: int) -> blockattn.TokenRun:
+        """:meth:`parts` as the run attention reads, with the token counts the chunk list keeps."""
+        assert self.r is not None
+        return blockattn.TokenRun(self.parts(), heads, [*self.chunks.lengths, self.r.shape[-2]])
+
     def flush(self, defer: bool = False) -> bool:
         """Quantize the oldest multiple of ``multiple`` tokens beyond the ``keep`` most recent ones."""
         assert self.r is not None and self.dtype is not None
@@ -525,8 +530,7 @@ class QuantizedStore(StreamViews, LayerStore):
             else:
                 s.push(x)
         heads = keys.shape[1]
-        out = blockattn.attend(query, blockattn.TokenRun(ks.parts(), heads), blockattn.TokenRun(vs.parts(), heads),
-                               mask, scaling, softcap)
+        out = blockattn.attend(query, ks.run(heads), vs.run(heads), mask, scaling, softcap)
         for s, x in ((ks, keys), (vs, values)):
             if self.attend_before_flush:  # KIVI: the step's own tokens were read exactly, quantized now
                 s.flush()

@@ -93,3 +93,22 @@ def test_native_flags_are_resolved_into_the_key():
         pytest.skip(f"{cxx} does not expand -march=native under -###")
     assert kernels.build_key("k", [b"x"], fused.FLAGS, text) != kernels.build_key(
         "k", [b"x"], fused.FLAGS, text.replace("-mavx2", "-mno-avx2").replace("+avx2", "-avx2"))
+
+
+def test_the_reader_parts_benchmark_ablates_only_parts_the_source_defines():
+    """``scripts/bench_reader_parts.py`` builds the vector reader without each part by ``KVBENCH_ABLATE_<PART>``:
+    every part it names has its switch in the source (a renamed or removed one would time the whole build under a
+    part's name), and the harness's own builds define none of them."""
+    import re
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "scripts"))
+    import bench_reader_parts
+
+    text = fused.SIMD_SOURCE.read_text()
+    defined = set(re.findall(r"#if !?KVBENCH_ABLATE_([A-Z]+)", text))
+    named = {p for parts in bench_reader_parts.BUILDS.values() for p in parts}
+    assert named == defined == {"SCORE", "SOFTMAX", "VALUES", "PREFETCH"}
+    assert bench_reader_parts.BUILDS["whole"] == ()
+    assert not any("ABLATE" in flag for flag in fused.FLAGS)

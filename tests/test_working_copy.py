@@ -202,6 +202,37 @@ def test_a_decode_steps_tokens_go_into_a_reserved_tail_that_is_counted_and_seale
     assert torch.equal(merged.dequantize(torch.float32), want)
 
 
+def test_a_growing_tail_describes_itself_as_a_piece_of_its_own_would() -> None:
+    """Each decode step's view of the tail (``TokenChunk.head``, built without the dataclass's ``__init__``) carries
+    the description the kernel reads — the same tensors, shapes and fields as describing that view afresh, its
+    codes one cut shared with the view — never the whole reserve's, and a run given the chunk list's lengths
+    starts its parts where asking each part would."""
+    from kvbench.strategies._quantstore import TAIL_TOKENS, ChunkList
+
+    from kvbench import blockattn
+    from kvbench.quantizers import quantize_int8
+
+    x = torch.randn(1, 2, 40 + TAIL_TOKENS, 16, generator=torch.Generator().manual_seed(2))
+    chunks = ChunkList()
+    chunks.append(quantize_int8(x[..., :40, :], 16))
+    for t in range(40, 40 + TAIL_TOKENS - 1):
+        chunks.append(quantize_int8(x[..., t:t + 1, :], 16))
+        view = chunks.pieces[-1]
+        got, fresh = view.fused(), view._describe()
+        assert got is not None and fresh is not None and got is not chunks._tail.fused()
+        assert got.data is view.codes and got.data.shape[-2] == t - 39
+        for field in ("data", "scale", "zero"):
+            a, b = getattr(got, field), getattr(fresh, field)
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert a.shape == b.shape and a.stride() == b.stride() and a.data_ptr() == b.data_ptr()
+        assert (got.bits, got.mode, got.tg, got.cg, got.width) == (fresh.bits, fresh.mode, fresh.tg, fresh.cg,
+                                                                     fresh.width)
+        given = blockattn.TokenRun(chunks.pieces, 2, chunks.lengths)
+        asked = blockattn.TokenRun(chunks.pieces, 2)
+        assert given.starts == asked.starts and given.num_tokens == asked.num_tokens == t + 1
+
+
 def test_a_chunked_prefill_leaves_a_quantized_store_holding_exactly_its_tokens() -> None:
     """``compact`` (called after each chunk of a chunked prefill) seals the tails, so a store measured after its
     prefill holds no reserved slot however small the chunks."""
