@@ -72,6 +72,7 @@ class Fused:
             return None
         # Made without the dataclass's __init__ (a decode step cuts two descriptions per layer and sequence):
         # this part's fields, data and per-token sides cut.
+        self.width  # noqa: B018 -- cached here first, so every cut carries it rather than working it out again
         part = object.__new__(Fused)
         fields = part.__dict__
         fields.update(self.__dict__)
