@@ -42,7 +42,7 @@ forward — for random-weight models, where only memory and speed mean anything)
 Also recorded, for the roofline (``scripts/bench_throughput.py``, ``scripts/bench_advise.py``): the copy bandwidth
 and the matmul FLOP/s measured at the start, in the dtype the model's linear layers compute in (``flops_dtype``),
 the FLOP/s of one decode step's MLP product at each row's batch (``decode_flops_per_s``), and per step the
-weight bytes read, the KV bytes read and the FLOPs.
+weight bytes read, the KV bytes read and the FLOPs (``flops``, of which attention's ``attn_flops``).
 
 Results go to ``out`` (CSV, one row per strategy, budget, context and round), rewritten after every context
 and budget so an interrupted run keeps what finished.
@@ -314,6 +314,10 @@ def attention_reads(cache: Any, dtype_bytes: int) -> tuple[int, int]:
     return dense, held
 
 
+#: The most weight bytes (in the model's dtype) the decode products' FLOP/s is measured on (``Bench.decode_flops``).
+RATE_WEIGHT_BYTES = 2 * 2**20
+
+
 class Bench:
     """The model, its engine and the machine figures shared by every measurement of one run."""
 
@@ -373,6 +377,12 @@ class Bench:
                 dtype, path = (self.flops_dtype if rows >= MIN_ROWS else native), "native"
             hidden = int(self.lm.config.hidden_size)
             inner = int(getattr(self.lm.config, "intermediate_size", None) or 4 * hidden)  # the usual MLP width
+            # The arithmetic's rate, with the weight at hand: the roofline's memory term already reads every
+            # weight, so a weight streamed from memory here would count its bytes twice — a few rows of
+            # Llama-3.2-1B's 33 MB MLP weight read at whatever bandwidth the moment gave put the roofline under
+            # the measured tokens/s. A slice of its columns stays in the caches (SmolLM2's whole weight does).
+            width = torch.empty((), dtype=self.dtype).element_size()
+            inner = min(inner, max(64, RATE_WEIGHT_BYTES // (hidden * width)))
             self._decode_flops[rows] = measure_linear_flops(rows, hidden, inner, dtype, device=self.device,
                                                             path=path)
         return self._decode_flops[rows]
@@ -575,7 +585,8 @@ class Bench:
 
 
 def roofline_fields(bench: Bench, rows: int, reads: float, held_tokens: float) -> dict[str, float]:
-    """Bytes and FLOPs of one decode step of ``rows`` sequences: weights + KV read, linear + attention FLOPs."""
+    """Bytes and FLOPs of one decode step of ``rows`` sequences: weights + KV read, linear + attention FLOPs (all of
+    them, and attention's alone: the roofline times the two at different rates)."""
     from kvbench.hardware import attention_flops
 
     cfg = bench.lm.config
@@ -586,7 +597,7 @@ def roofline_fields(bench: Bench, rows: int, reads: float, held_tokens: float) -
     attn = attention_flops(head_dim, held_tokens, heads)
     native, _ = linear_bytes_read(bench.lm.model, 1)
     return {"weight_read_bytes": wbytes, "weight_native_read_bytes": native, "kv_read_bytes": rows * reads,
-            "flops": rows * (2 * params + attn)}
+            "flops": rows * (2 * params + attn), "attn_flops": rows * attn}
 
 
 def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:

@@ -3,6 +3,9 @@ tiny random Llama."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pandas as pd
 import pytest
 import torch
 
@@ -198,6 +201,29 @@ def test_synthetic_templates_are_not_held_while_a_batch_decodes(tmp_path):
     assert caches[0].kv_bytes() >= before[0] and built[0].cache is None
 
 
+def test_the_decode_products_rate_is_measured_on_a_weight_that_stays_in_the_caches(monkeypatch):
+    """The roofline's memory term reads every weight; its compute term's FLOP/s is the products' with the weight at
+    hand. Measured on a weight streamed from memory (Llama-3.2-1B's 2048 x 8192 MLP weight at one or two rows) it
+    counted those bytes twice and, in a noisy window, put the roofline under the measured tokens/s. A model whose
+    MLP weight is larger than ``RATE_WEIGHT_BYTES`` is measured on a slice of its columns; a small one whole."""
+    from kvbench import hardware_probe
+    from kvbench.hardware import HardwareProfile
+
+    shapes = []
+    monkeypatch.setattr(hardware_probe, "measure_linear_flops",
+                        lambda rows, i, o, dtype, **kw: shapes.append((rows, i, o)) or 1e9)
+    cfg = throughput.compose(["model=tiny-llama", "strategies=[int8]", "contexts=[64]", "dtype=bfloat16"])
+    b = throughput.Bench(cfg, HardwareProfile.from_config(cfg.hardware))
+    hidden = int(b.lm.config.hidden_size)
+    cap = throughput.RATE_WEIGHT_BYTES // (hidden * 2)  # bf16 columns that fit the bytes
+    assert cap > 64
+    for inner in (64, 1 << 20):
+        b.lm.config.intermediate_size = inner
+        b._decode_flops.clear()
+        assert b.decode_flops(2) == 1e9
+        assert shapes[-1] == (2, hidden, min(inner, cap))
+
+
 @pytest.mark.parametrize("linear, expected", [("native", "bfloat16"), ("float32", "float32"), ("upcast", "float32")])
 def test_the_matmul_rate_is_measured_in_the_dtype_the_linear_layers_compute_in(linear, expected):
     """A bf16 model whose linear layers run natively is timed in bf16 (on a CPU without bf16 instructions its GEMMs
@@ -268,3 +294,28 @@ def test_a_batch_the_process_stops_keeping_in_a_round_is_kept_again_and_the_roun
     assert int(int8["batch"].iloc[0]) < first
     assert f"{first} stopped in round 1" in int8["keep_tries"].iloc[0]
     assert (served["budget_status"] == "fits").all()
+
+
+def test_the_roofline_times_attention_at_the_matmul_rate_and_the_linear_layers_at_the_step_products():
+    """scripts/bench_throughput.py's roofline: the larger of the bytes' time and the FLOPs' time, the linear
+    layers' FLOPs at the rate of the step's products at that batch and attention's at the better of that and the
+    square matmul's. Timed all at the products' rate (a rate that at one or two rows is mostly per-call work) it
+    fell under the measured tokens/s at 32K; a CSV without ``attn_flops`` keeps that older reading."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_throughput", root / "scripts" / "bench_throughput.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    df = pd.read_csv(root / "results" / "perf" / "avx512" / "throughput_random.csv")
+    df = df[df["context"] == df["context"].iloc[0]].copy()
+    df["bandwidth_bytes_per_s"] = 1e30  # bytes take no time: the FLOPs bound
+    df["flops"], df["decode_flops_per_s"], df["flops_per_s"] = 10.0, 2.0, 4.0
+    split = bench.summarize(df.assign(attn_flops=4.0))
+    older = bench.summarize(df.drop(columns="attn_flops", errors="ignore"))
+    faster = bench.summarize(df.assign(attn_flops=4.0, decode_flops_per_s=8.0))  # the products' rate the better
+    for res, seconds in ((split, 6 / 2 + 4 / 4), (older, 10 / 2), (faster, 10 / 8)):
+        fitted = res[res["roof_tps"].notna()]
+        assert len(fitted) == 2 and (fitted["bound"] == "compute").all()
+        assert fitted["roof_comp_s"].tolist() == [seconds] * 2
+        assert (fitted["roof_tps"] == fitted["batch"] / seconds).all()
