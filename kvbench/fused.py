@@ -88,6 +88,17 @@ class Fused:
         return tensors, [self.bits, MODES.index(self.mode), self.tg, self.cg]
 
 
+def flatten(parts: list[Fused]) -> tuple[list[torch.Tensor], list[int]]:
+    """Parts as the kernel's ``attend`` takes them: every part's tensors, then every part's integers, in order."""
+    tensors: list[torch.Tensor] = []
+    ints: list[int] = []
+    for p in parts:
+        t, i = p.flat()
+        tensors += t
+        ints += i
+    return tensors, ints
+
+
 def dense(x: torch.Tensor) -> Fused | None:
     """A dense ``[b, h, tokens, d]`` tensor as a part (``None`` for a dtype or layout the kernel does not read)."""
     bits = DENSE_BITS.get(x.dtype)
@@ -181,12 +192,8 @@ def attend(qg: torch.Tensor, keys: list[Fused], values: list[Fused], mask: torch
     mod = _kernel()
     if mod is None:
         return None
-    kt, ki, vt, vi = [], [], [], []
-    for parts, ts, ints in ((keys, kt, ki), (values, vt, vi)):
-        for p in parts:
-            t, i = p.flat()
-            ts += t
-            ints += i
+    kt, ki = flatten(keys)
+    vt, vi = flatten(values)
     m = EMPTY
     if mask is not None:
         m = torch.where(mask, 0.0, float("-inf")) if mask.dtype == torch.bool else mask.float()

@@ -88,20 +88,12 @@ def layers_of(tokens: int, layers: int) -> dict[str, list[tuple[list, list]]]:
     return out
 
 
-def flat(parts: list) -> tuple[list, list]:
-    tensors, ints = [], []
-    for p in parts:
-        t, i = p.flat()
-        tensors += t
-        ints += i
-    return tensors, ints
-
-
 def measure(mods: dict, cases: dict, tokens: int, repeats: int) -> pd.DataFrame:
     qg = torch.randn(1, bench_reader.KV_HEADS, bench_reader.GROUP, bench_reader.HEAD_DIM,
                      generator=torch.Generator().manual_seed(1))
     scaling = bench_reader.HEAD_DIM ** -0.5
-    args = {name: [(*flat(keys), *flat(values)) for keys, values in stack] for name, stack in cases.items()}
+    args = {name: [(*fused.flatten(keys), *fused.flatten(values)) for keys, values in stack]
+            for name, stack in cases.items()}
     for mod in mods.values():  # warm-up
         for a in args.values():
             mod.attend(qg, *a[0], fused.EMPTY, 1, scaling, fused.CHUNK_TOKENS)
