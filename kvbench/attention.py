@@ -126,8 +126,10 @@ class PendingStep:
 class PendingRows:
     """Several samples' :class:`PendingStep` s behind one batched forward (``kvbench.cache.RowsCache``): rows
     whose K/V are left-padded to a common width. :meth:`attend` lets each row's store attend with that row's
-    queries and its own columns of the per-row mask (the columns left of them are its padding); :meth:`resolve`
-    gives the left-padded dense K/V, through ``pad``."""
+    queries and its own columns of the per-row mask (the columns left of them are its padding) — a decode step's rows,
+    which read every column of their own, together through their stores' class (``LayerStore.attend_rows``: one
+    kernel call per layer where the reader has it); :meth:`resolve` gives the left-padded dense K/V, through
+    ``pad``."""
 
     def __init__(self, steps: list[PendingStep], keys: torch.Tensor, values: torch.Tensor, pad: Any) -> None:
         self.steps, self.keys, self.values, self.pad = steps, keys, values, pad
@@ -148,6 +150,14 @@ class PendingRows:
         # One query token per row (a decode step): a row's own columns, its held tokens and its new one, are all
         # visible (RowsCache.mask), so its store reads them unmasked rather than converting an all-visible mask.
         per_row = mask is not None and query.shape[-2] > 1
+        kind = type(self.steps[0].store)
+        if not per_row and all(type(s.store) is kind for s in self.steps):
+            # every row unmasked, with stores of one class: they attend together (``LayerStore.attend_rows``)
+            for s in self.steps:
+                assert not s.done, "a pending step is either attended or resolved, once"
+                s.done = True
+            return kind.attend_rows([s.store for s in self.steps], query, [s.keys for s in self.steps],
+                                    [s.values for s in self.steps], scaling, softcap)
         for i, s in enumerate(self.steps):
             m = None
             if per_row:

@@ -202,6 +202,27 @@ def attend(query: torch.Tensor, keys: TokenRun, values: TokenRun, mask: torch.Te
     return _out(acc.div_(run_sum), query, b, hq, q, d)
 
 
+def attend_rows(query: torch.Tensor, runs: Sequence[tuple[TokenRun, TokenRun]], scaling: float) -> torch.Tensor | None:
+    """Several sequences' decode step read in one kernel call: ``query`` ``[rows, q_heads, q, d]``, row ``r``
+    attending (unmasked, no softcap) over the tokens of ``runs[r]`` (its keys and values). Row ``r`` of the result is
+    :func:`attend`'s for that row alone, bit for bit; ``None`` where the one call does not apply (a part the kernel
+    cannot read, the chosen reader has no such call), and the caller reads each row with :func:`attend`."""
+    r, hq, q, d = query.shape
+    hkv = runs[0][0].heads
+    g = hq // hkv
+    if query.is_cpu is False or g * q > fused.MAX_ROWS or any(k.heads != hkv for k, _ in runs):
+        return None
+    keys, values = [], []
+    for k, v in runs:
+        fk, fv = k.fused(), v.fused()
+        if fk is None or fv is None:
+            return None
+        keys.append(fk)
+        values.append(fv)
+    out = fused.attend_rows(query.reshape(r, hkv, g * q, d).to(compute_dtype(query)), keys, values, q, scaling)
+    return None if out is None else _out(out, query, r, hq, q, d)
+
+
 def _sdpa(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
           scaling: float) -> torch.Tensor:
     """SDPA as transformers' ``sdpa_attention_forward`` calls it for grouped queries, without its ``repeat_kv``

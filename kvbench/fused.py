@@ -13,7 +13,9 @@ kept unchanged so its runs reproduce) and ``simd`` (``fused_simd.cpp``, blocks o
 integer dot products for int8 and KIVI int4 / int2 keys and values; opt-in). Each is compiled on first use by
 ``torch.utils.cpp_extension`` into a build keyed by its source, flags and this CPU's instruction sets
 (:mod:`kvbench.kernels`). Without a compiler, with ``engine.reader=blocks`` or with ``KVBENCH_FUSED=0``, every
-query goes through the blocks: same results within float rounding, slower. :func:`reader` names which one a run
+query goes through the blocks: same results within float rounding, slower. The vector kernel also reads a batch of
+sequences' rows, each over its own parts, in one call (:func:`attend_rows`): a decode step of many sequences
+otherwise pays a call, and the Python around it, per row and layer. :func:`reader` names which one a run
 used (its run identity carries it), and the decode and throughput benchmarks record it.
 """
 
@@ -198,3 +200,24 @@ def attend(qg: torch.Tensor, keys: list[Fused], values: list[Fused], mask: torch
     if mask is not None:
         m = torch.where(mask, 0.0, float("-inf")) if mask.dtype == torch.bool else mask.float()
     return mod.attend(qg.contiguous(), kt, ki, vt, vi, m, q_len, scaling, CHUNK_TOKENS)
+
+
+def attend_rows(qg: torch.Tensor, keys: list[list[Fused]], values: list[list[Fused]], q_len: int,
+                scaling: float) -> torch.Tensor | None:
+    """:func:`attend` for several sequences decoding together, row ``r`` of ``qg`` over its own parts ``keys[r]``
+    and ``values[r]`` (each of batch 1), unmasked, in one call: row ``r``'s result is what :func:`attend` gives for
+    it alone, bit for bit. ``None`` where that one call does not apply (a reader without it: the first kernel, kept
+    as its runs made it; see :func:`attend`'s other conditions), and the caller reads row by row."""
+    if not (qg.is_cpu and qg.dtype == torch.float32 and qg.shape[-2] <= MAX_ROWS
+            and qg.shape[-1] <= 512 and qg.shape[-1] % 4 == 0):
+        return None
+    width = qg.shape[-1]
+    if any(p.width != width or p.data.shape[0] != 1 for row in (*keys, *values) for p in row):
+        return None
+    mod = _kernel()
+    if mod is None or not hasattr(mod, "attend_rows"):
+        return None
+    kt, ki = flatten([p for row in keys for p in row])
+    vt, vi = flatten([p for row in values for p in row])
+    return mod.attend_rows(qg.contiguous(), kt, ki, vt, vi, [len(r) for r in keys], [len(r) for r in values],
+                           q_len, scaling, CHUNK_TOKENS)

@@ -375,8 +375,8 @@ inline void pair16(const uint16_t* x, __m256& a, __m256& c) {
 // One task: query rows q [M, D] (D % 8 == 0) over tokens n0 <= n < n1, leaving the chunk's running maximum,
 // denominator and unnormalized sum in mx, l, acc [M, D] (as the first kernel's tasks do).
 struct Task {
-  const std::vector<Part>& kp;
-  const std::vector<Part>& vp;
+  const std::vector<Part>* kp;  // the task's row's parts (every row's the same, or each its own: attend_rows)
+  const std::vector<Part>* vp;
   int64_t b, h, M, D;
   const float* q;
   float scl;
@@ -419,8 +419,9 @@ struct Task {
 
   // The next task: its batch row, KV head, query rows, mask rows and results; what was cached for the last one's
   // query (its int8 rounding, a key group's folded query) is dropped.
-  void start(int64_t b_, int64_t h_, const float* q_, const float* mrow0_, float* mx_, float* l_, float* acc_) {
-    b = b_, h = h_, q = q_, mrow0 = mrow0_, mx = mx_, l = l_, acc = acc_;
+  void start(const std::vector<Part>* kp_, const std::vector<Part>* vp_, int64_t b_, int64_t h_, const float* q_,
+             const float* mrow0_, float* mx_, float* l_, float* acc_) {
+    kp = kp_, vp = vp_, b = b_, h = h_, q = q_, mrow0 = mrow0_, mx = mx_, l = l_, acc = acc_;
     quantized = false;
     q16_kind = 0;
     kq_part = nullptr;
@@ -1464,14 +1465,14 @@ struct Task {
     std::fill(acc, acc + M * D, 0.f);
     size_t ki = 0, vi = 0;
     for (int64_t n = n0; n < n1;) {
-      while (kp[ki].first + kp[ki].n <= n) ++ki;
-      while (vp[vi].first + vp[vi].n <= n) ++vi;
-      const Part &k = kp[ki], &v = vp[vi];
+      while ((*kp)[ki].first + (*kp)[ki].n <= n) ++ki;
+      while ((*vp)[vi].first + (*vp)[vi].n <= n) ++vi;
+      const Part &k = (*kp)[ki], &v = (*vp)[vi];
       const int64_t end = std::min({n + kB, n1, k.first + k.n, v.first + v.n});
       const int cnt = static_cast<int>(end - n);
 #if !KVBENCH_ABLATE_PREFETCH
-      prefetch_block(kp, ki, end);  // the next block's keys and values (past n1: the next task's, as a rule)
-      prefetch_block(vp, vi, end);
+      prefetch_block(*kp, ki, end);  // the next block's keys and values (past n1: the next task's, as a rule)
+      prefetch_block(*vp, vi, end);
 #endif
       score(k, n - k.first, cnt);
       if (softmax(n, cnt)) values(v, n - v.first, cnt);
@@ -1484,6 +1485,84 @@ struct Task {
 }  // namespace simd
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__)
+namespace simd {
+// Attention of q [B, H, M, D] (float32, contiguous) over batch row b's parts rows[b] (keys, values), rows of N[b]
+// tokens each; every (row, head, chunk of tokens) is one task, merged per row and head at the end.
+torch::Tensor attend_tasks(const torch::Tensor& q, const std::vector<std::pair<const std::vector<Part>*,
+                           const std::vector<Part>*>>& rows, const std::vector<int64_t>& N, const float* mk,
+                           const int64_t* ms, int64_t q_len, double scaling, int64_t chunk) {
+  const int64_t B = q.size(0), H = q.size(1), M = q.size(2), D = q.size(3);
+  TORCH_CHECK(chunk > 0, "chunk > 0");
+  // task offsets per batch row: rows hold different numbers of tokens, so different numbers of chunks
+  std::vector<int64_t> chunks(B), first(B + 1, 0);
+  for (int64_t b = 0; b < B; ++b) {
+    chunks[b] = std::max<int64_t>(1, (N[b] + chunk - 1) / chunk);
+    first[b + 1] = first[b] + H * chunks[b];
+  }
+  const int64_t tasks = first[B];
+  auto pmax = torch::empty({tasks, M});
+  auto psum = torch::empty({tasks, M});
+  auto pacc = torch::empty({tasks, M, D});
+  float* pm = pmax.data_ptr<float>();
+  float* ps = psum.data_ptr<float>();
+  float* pa = pacc.data_ptr<float>();
+  const float* qp = q.data_ptr<float>();
+  const float scl = static_cast<float>(scaling);
+
+  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> rowbuf(kS * D), sbuf(D), zbuf(D);
+    std::vector<int8_t> qi(M * D);
+    std::vector<__m256i> xs(D / 32 * kB), qks(M * kMaxV);
+    std::vector<__m256> q16(M * D / 8);
+    // One Task per thread, its scratch reused by every task (an aggregate built per task zeroes ~20 KB each time)
+    Task task{nullptr, nullptr, 0, 0, M, D, nullptr, scl, nullptr, q_len, ms[2], ms[3], ms[4], nullptr, nullptr,
+              nullptr, rowbuf.data(), sbuf.data(), zbuf.data(), qi.data(), xs.data(), qks.data(), q16.data()};
+    int64_t b = std::upper_bound(first.begin(), first.end(), t0) - first.begin() - 1;
+    for (int64_t t = t0; t < t1; ++t) {
+      while (t >= first[b + 1]) ++b;
+      const int64_t h = (t - first[b]) / chunks[b], c = (t - first[b]) % chunks[b];
+      const int64_t n0 = c * chunk, n1 = std::min(N[b], n0 + chunk);
+      task.start(rows[b].first, rows[b].second, b, h, qp + (b * H + h) * M * D,
+                 mk ? mk + b * ms[0] + h * ms[1] : nullptr, pm + t * M, ps + t * M, pa + t * M * D);
+      if (N[b] > 0) task.run(n0, n1);
+      else {
+        for (int64_t m = 0; m < M; ++m) pm[t * M + m] = -std::numeric_limits<float>::infinity(), ps[t * M + m] = 0.f;
+        std::fill(pa + t * M * D, pa + (t + 1) * M * D, 0.f);
+      }
+    }
+  });
+
+  const float ninf = -std::numeric_limits<float>::infinity();
+  auto out = torch::empty({B, H, M, D});
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, B * H * M, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t bh = r / M, m = r % M, b = bh / H, h = bh % H;
+      const int64_t t0 = first[b] + h * chunks[b];
+      float top = ninf;
+      for (int64_t c = 0; c < chunks[b]; ++c) top = std::max(top, pm[(t0 + c) * M + m]);
+      const float safe = std::isinf(top) ? 0.f : top;
+      float total = 0.f;
+      float* o = op + r * D;
+      std::fill(o, o + D, 0.f);
+      for (int64_t c = 0; c < chunks[b]; ++c) {
+        const int64_t t = t0 + c;
+        const float mc = pm[t * M + m];
+        const float w = std::isinf(mc) ? 0.f : std::exp(mc - safe);
+        if (w == 0.f) continue;
+        total += w * ps[t * M + m];
+        const float* a = pa + (t * M + m) * D;
+        for (int64_t d = 0; d < D; ++d) o[d] += w * a[d];
+      }
+      for (int64_t d = 0; d < D; ++d) o[d] /= total;  // 0 / 0 for a row that sees no token, as blockattn gives
+    }
+  });
+  return out;
+}
+}  // namespace simd
+#endif
+
 // Same arguments and result as the first kernel's attend.
 torch::Tensor attend_simd(const torch::Tensor& q, const std::vector<torch::Tensor>& kt,
                           const std::vector<int64_t>& ki, const std::vector<torch::Tensor>& vt,
@@ -1491,7 +1570,7 @@ torch::Tensor attend_simd(const torch::Tensor& q, const std::vector<torch::Tenso
                           int64_t chunk) {
 #if defined(__AVX2__) && defined(__FMA__)
   TORCH_CHECK(q.dim() == 4 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(), "q: [B, H, M, D] float32");
-  const int64_t B = q.size(0), H = q.size(1), M = q.size(2), D = q.size(3);
+  const int64_t B = q.size(0), M = q.size(2), D = q.size(3);
   if (D % 8 != 0 || D > 512 || M > simd::kMaxM) return attend(q, kt, ki, vt, vi, mask, q_len, scaling, chunk);
   const auto kp = parts(kt, ki), vp = parts(vt, vi);
   int64_t N = 0, NV = 0;
@@ -1506,67 +1585,69 @@ torch::Tensor attend_simd(const torch::Tensor& q, const std::vector<torch::Tenso
     mk = mask.data_ptr<float>();
     for (int i = 0; i < 5; ++i) ms[i] = mask.size(i) == 1 ? 0 : mask.stride(i);
   }
-  TORCH_CHECK(chunk > 0, "chunk > 0");
-  const int64_t chunks = std::max<int64_t>(1, (N + chunk - 1) / chunk);
-  const int64_t tasks = B * H * chunks;
-  auto pmax = torch::empty({tasks, M});
-  auto psum = torch::empty({tasks, M});
-  auto pacc = torch::empty({tasks, M, D});
-  float* pm = pmax.data_ptr<float>();
-  float* ps = psum.data_ptr<float>();
-  float* pa = pacc.data_ptr<float>();
-  const float* qp = q.data_ptr<float>();
-  const float scl = static_cast<float>(scaling);
-
-  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> rows(simd::kS * D), sbuf(D), zbuf(D);
-    std::vector<int8_t> qi(M * D);
-    std::vector<__m256i> xs(D / 32 * simd::kB), qks(M * simd::kMaxV);
-    std::vector<__m256> q16(M * D / 8);
-    // One Task per thread, its scratch reused by every task (an aggregate built per task zeroes ~20 KB each time)
-    simd::Task task{kp, vp, 0, 0, M, D, nullptr, scl, nullptr, q_len, ms[2], ms[3], ms[4], nullptr, nullptr, nullptr,
-                    rows.data(), sbuf.data(), zbuf.data(), qi.data(), xs.data(), qks.data(), q16.data()};
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / (H * chunks), h = (t / chunks) % H, c = t % chunks;
-      const int64_t n0 = c * chunk, n1 = std::min(N, n0 + chunk);
-      task.start(b, h, qp + (b * H + h) * M * D, masked ? mk + b * ms[0] + h * ms[1] : nullptr, pm + t * M,
-                 ps + t * M, pa + t * M * D);
-      if (N > 0) task.run(n0, n1);
-      else {
-        for (int64_t m = 0; m < M; ++m) pm[t * M + m] = -std::numeric_limits<float>::infinity(), ps[t * M + m] = 0.f;
-        std::fill(pa + t * M * D, pa + (t + 1) * M * D, 0.f);
-      }
-    }
-  });
-
-  const float ninf = -std::numeric_limits<float>::infinity();
-  auto out = torch::empty({B, H, M, D});
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, B * H * M, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t bh = r / M, m = r % M;
-      float top = ninf;
-      for (int64_t c = 0; c < chunks; ++c) top = std::max(top, pm[(bh * chunks + c) * M + m]);
-      const float safe = std::isinf(top) ? 0.f : top;
-      float total = 0.f;
-      float* o = op + r * D;
-      std::fill(o, o + D, 0.f);
-      for (int64_t c = 0; c < chunks; ++c) {
-        const int64_t t = bh * chunks + c;
-        const float mc = pm[t * M + m];
-        const float w = std::isinf(mc) ? 0.f : std::exp(mc - safe);
-        if (w == 0.f) continue;
-        total += w * ps[t * M + m];
-        const float* a = pa + (t * M + m) * D;
-        for (int64_t d = 0; d < D; ++d) o[d] += w * a[d];
-      }
-      for (int64_t d = 0; d < D; ++d) o[d] /= total;  // 0 / 0 for a row that sees no token, as blockattn gives
-    }
-  });
-  return out;
+  // every batch row reads the same parts (their batch strides pick its row)
+  return simd::attend_tasks(q, std::vector<std::pair<const std::vector<Part>*, const std::vector<Part>*>>(
+                                   B, {&kp, &vp}), std::vector<int64_t>(B, N), mk, ms, q_len, scaling, chunk);
 #else
   return attend(q, kt, ki, vt, vi, mask, q_len, scaling, chunk);
 #endif
+}
+
+// Several sequences' attention in one call (a batch of rows decoding together, each over its own stored parts):
+// q [R, H, M, D] float32, row r's key parts the next kn[r] of kt/ki's, its value parts the next vn[r] of vt/vi's,
+// every part of batch 1; no mask (each row reads all its tokens). Row r's result is what attend gives for q[r]
+// over its parts alone, bit for bit: the same tasks, in one parallel loop instead of R calls.
+torch::Tensor attend_rows(const torch::Tensor& q, const std::vector<torch::Tensor>& kt,
+                          const std::vector<int64_t>& ki, const std::vector<torch::Tensor>& vt,
+                          const std::vector<int64_t>& vi, const std::vector<int64_t>& kn,
+                          const std::vector<int64_t>& vn, int64_t q_len, double scaling, int64_t chunk) {
+  TORCH_CHECK(q.dim() == 4 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(), "q: [R, H, M, D] float32");
+  const int64_t R = q.size(0), M = q.size(2), D = q.size(3);
+  TORCH_CHECK(static_cast<int64_t>(kn.size()) == R && static_cast<int64_t>(vn.size()) == R, "parts per row: R each");
+  // the next n parts of ts / is, from part off on
+  auto take = [](const std::vector<torch::Tensor>& ts, const std::vector<int64_t>& is, size_t& off, int64_t n) {
+    TORCH_CHECK(n >= 0 && 3 * (off + n) <= ts.size(), "more parts named than given");
+    auto out = parts(std::vector<torch::Tensor>(ts.begin() + 3 * off, ts.begin() + 3 * (off + n)),
+                     std::vector<int64_t>(is.begin() + 4 * off, is.begin() + 4 * (off + n)));
+    off += n;
+    return out;
+  };
+  std::vector<std::vector<Part>> kps(R), vps(R);
+  std::vector<int64_t> N(R, 0);
+  size_t ko = 0, vo = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    kps[r] = take(kt, ki, ko, kn[r]);
+    vps[r] = take(vt, vi, vo, vn[r]);
+    int64_t NV = 0;
+    for (const auto& p : kps[r]) N[r] += p.n;
+    for (const auto& p : vps[r]) NV += p.n;
+    for (const auto* ps : {&kps[r], &vps[r]})
+      for (const auto& p : *ps)  // a row's parts are indexed as batch row 0 of their own
+        TORCH_CHECK(p.sb == 0 && p.scale.sb == 0 && p.zero.sb == 0, "attend_rows: every part is of batch 1");
+    TORCH_CHECK(N[r] == NV, "keys and values hold different numbers of tokens");
+  }
+  TORCH_CHECK(3 * ko == kt.size() && 3 * vo == vt.size(), "parts given but not named");
+#if defined(__AVX2__) && defined(__FMA__)
+  if (D % 8 == 0 && D <= 512 && M <= simd::kMaxM) {
+    std::vector<std::pair<const std::vector<Part>*, const std::vector<Part>*>> rows(R);
+    for (int64_t r = 0; r < R; ++r) rows[r] = {&kps[r], &vps[r]};
+    const int64_t ms[5] = {0, 0, 0, 0, 0};
+    return simd::attend_tasks(q, rows, N, nullptr, ms, q_len, scaling, chunk);
+  }
+#endif
+  // no vector path: each row through the first kernel, as attend_simd falls back
+  std::vector<torch::Tensor> outs;
+  ko = vo = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    outs.push_back(attend(q.narrow(0, r, 1).contiguous(),
+                          std::vector<torch::Tensor>(kt.begin() + 3 * ko, kt.begin() + 3 * (ko + kn[r])),
+                          std::vector<int64_t>(ki.begin() + 4 * ko, ki.begin() + 4 * (ko + kn[r])),
+                          std::vector<torch::Tensor>(vt.begin() + 3 * vo, vt.begin() + 3 * (vo + vn[r])),
+                          std::vector<int64_t>(vi.begin() + 4 * vo, vi.begin() + 4 * (vo + vn[r])),
+                          torch::Tensor(), q_len, scaling, chunk));
+    ko += kn[r], vo += vn[r];
+  }
+  return torch::cat(outs, 0);
 }
 
 // The instruction sets this build's integer path uses (for the benchmarks' record).
@@ -1606,5 +1687,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("query_levels", &query_levels, "the query's integer range on the integer path (0: none)");
   m.def("packed_levels", &packed_levels, "the integer range of the packed paths' query and weights (0: none)");
   m.def("attend", &attend_simd, "Block-vector attention over stored parts (kvbench.fused, reader simd)");
+  m.def("attend_rows", &attend_rows, "attend for several sequences' rows, each over its own parts, in one call");
   m.def("isa", &isa, "the instruction sets the reader was built for");
 }

@@ -10,9 +10,10 @@ up, and then ``--steps`` decode steps are timed with these parts timed inside th
 where calls nest):
 
 * ``store``: the layer stores' ``attend`` (the one way attention reads a store: its own work on the step's new
-  token — appending, quantizing, concatenating — plus the read below);
-* ``read``: :func:`kvbench.blockattn.attend`, the read itself; ``kernel``: :func:`kvbench.fused.attend`, the part
-  of it in the C++ reader;
+  token — appending, quantizing, concatenating — plus the read below), or ``attend_rows`` where a batch's rows
+  attend together;
+* ``read``: :func:`kvbench.blockattn.attend` (or ``attend_rows``), the read itself; ``kernel``:
+  :func:`kvbench.fused.attend` (or ``attend_rows``), the part of it in the C++ reader;
 * ``linear``: the model's linear layers (``engine.linear``'s forward, or ``torch.nn.Linear``'s).
 
 ``store - read`` is what a store spends beside the read; ``step - store - linear`` is the model's other per-layer
@@ -82,7 +83,9 @@ def install(timers: Timers) -> None:
     from kvbench import blockattn, fused, linear
 
     fused.attend = timers.wrap("kernel", fused.attend)
+    fused.attend_rows = timers.wrap("kernel", fused.attend_rows)
     blockattn.attend = timers.wrap("read", blockattn.attend)
+    blockattn.attend_rows = timers.wrap("read", blockattn.attend_rows)
     for cls in (linear._Float32Linear, linear._UpcastLinear):
         cls.__call__ = timers.wrap("linear", cls.__call__)
     torch.nn.Linear.forward = timers.wrap("linear", torch.nn.Linear.forward)
@@ -95,6 +98,8 @@ def install(timers: Timers) -> None:
         todo += cls.__subclasses__()
         if "attend" in cls.__dict__:
             cls.attend = timers.wrap("store", cls.__dict__["attend"])
+        if "attend_rows" in cls.__dict__:  # a batch's rows attending together (a classmethod)
+            cls.attend_rows = classmethod(timers.wrap("store", cls.__dict__["attend_rows"].__func__))
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ Decoding is element-wise, so a row decoded on its own is bit-identical to the sa
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -523,19 +523,52 @@ class QuantizedStore(StreamViews, LayerStore):
                scaling: float, softcap: float | None = None) -> torch.Tensor:
         """``LayerStore.attend`` over the codes: each block of the quantized pieces is decoded (or its scales
         folded into the products) only while attention reads it, the residual read as it is."""
+        ks, vs = self._take(keys, values)
+        out = blockattn.attend(query, ks.run(keys.shape[1]), vs.run(keys.shape[1]), mask, scaling, softcap)
+        self._taken(keys, values)
+        return out
+
+    @classmethod
+    def attend_rows(cls, stores: Sequence[LayerStore], query: torch.Tensor, keys: Sequence[torch.Tensor],
+                    values: Sequence[torch.Tensor], scaling: float, softcap: float | None = None) -> torch.Tensor:
+        """``LayerStore.attend_rows``: every row's new tokens stored, then every row's codes read in one kernel
+        call (``blockattn.attend_rows``; a decode step of many sequences otherwise pays a call and its Python per
+        row and layer), then each row's step finished as :meth:`attend` finishes it. Where the one call does not
+        apply (a softcap, a reader without it), each row is read by :meth:`attend`'s reader on its own."""
+        if cls.attend is not QuantizedStore.attend or cls._take is not QuantizedStore._take:
+            # a subclass's own step: each row takes it
+            return super().attend_rows(stores, query, keys, values, scaling, softcap)
+        rows: list[QuantizedStore] = list(stores)  # type: ignore[arg-type]
+        runs = []
+        for s, k, v in zip(rows, keys, values, strict=True):
+            ks, vs = s._take(k, v)
+            runs.append((ks.run(k.shape[1]), vs.run(k.shape[1])))
+        out = None if softcap is not None else blockattn.attend_rows(query, runs, scaling)
+        if out is None:
+            out = torch.cat([blockattn.attend(query[r:r + 1], kr, vr, None, scaling, softcap)
+                             for r, (kr, vr) in enumerate(runs)], dim=0)
+        for s, k, v in zip(rows, keys, values, strict=True):
+            s._taken(k, v)
+        return out
+
+    def _take(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[Stream, Stream]:
+        """A step's first half: its new tokens stored where attention reads them."""
         ks, vs = self._streams()
         for s, x in ((ks, keys), (vs, values)):
             if self.attend_before_flush:
                 s.add(x)
             else:
                 s.push(x)
-        heads = keys.shape[1]
-        out = blockattn.attend(query, ks.run(heads), vs.run(heads), mask, scaling, softcap)
-        for s, x in ((ks, keys), (vs, values)):
-            if self.attend_before_flush:  # KIVI: the step's own tokens were read exactly, quantized now
+        return ks, vs
+
+    def _taken(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """A step's second half, once attention has read: KIVI's own tokens (read exactly) quantized now, and the
+        caller's tensors never held."""
+        assert self.ks is not None and self.vs is not None
+        for s, x in ((self.ks, keys), (self.vs, values)):
+            if self.attend_before_flush:
                 s.flush()
             s.own(x)
-        return out
 
     def compact(self) -> None:
         """After a chunk of a chunked prefill: no reserved slots held (see :class:`ChunkList`)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -66,14 +66,39 @@ class LayerStore(ABC):
         plus the new ones: ``query`` ``[b, q_heads, q, d]`` -> ``[b, q_heads, q, d]``; ``mask`` (boolean or
         additive, ``[b, 1 or q_heads, q, held + new]``, or None), ``scaling`` and ``softcap`` as in eager attention.
 
-        The one way attention reads a store (``attn_implementation="kvbench"``, short queries). The default
+        The one way attention reads a store (``attn_implementation="kvbench"``, short queries; a batch of
+        sequences' stores read together is :meth:`attend_rows`, the same step for several rows). The default
         attends block by block (:func:`kvbench.blockattn.attend`) over what :meth:`append` returns; a store that
-        keeps its tokens compressed overrides it to read its own storage block by block (:meth:`read_runs`
-        plus the same function), so a step never holds a dense copy of the cache."""
+        keeps its tokens compressed overrides it to read its own storage block by block (its parts as
+        ``blockattn.TokenRun`` s, and the same function), so a step never holds a dense copy of the cache."""
         k, v = self.append(keys, values)
         heads = k.shape[1]
         return blockattn.attend(query, blockattn.TokenRun([blockattn.Dense(k)], heads),
                                 blockattn.TokenRun([blockattn.Dense(v)], heads), mask, scaling, softcap)
+
+    @classmethod
+    def attend_rows(cls, stores: Sequence[LayerStore], query: torch.Tensor, keys: Sequence[torch.Tensor],
+                    values: Sequence[torch.Tensor], scaling: float, softcap: float | None = None) -> torch.Tensor:
+        """:meth:`attend` for several sequences decoding together (a batch of rows, ``kvbench.cache.RowsCache``),
+        each row with a store of its own, all of this class: row ``r`` stores ``keys[r]`` / ``values[r]`` (``[1,
+        kv_heads, new, d]``) in ``stores[r]`` and attends with ``query[r]`` over all its tokens, unmasked. Returns
+        ``[rows, q_heads, q, d]``, each row what :meth:`attend` gives for it alone. The default is just that, row by
+        row, but for stores that keep this class's :meth:`attend` (what :meth:`append` returns, read as it is:
+        ``full``'s), whose rows are read in one kernel call (``blockattn.attend_rows``) where it applies, as a store
+        that reads its own storage does when it overrides this too (``QuantizedStore``)."""
+        if cls.attend is LayerStore.attend and softcap is None:
+            runs = []
+            for s, k, v in zip(stores, keys, values, strict=True):
+                kk, vv = s.append(k, v)
+                runs.append((blockattn.TokenRun([blockattn.Dense(kk)], kk.shape[1]),
+                             blockattn.TokenRun([blockattn.Dense(vv)], vv.shape[1])))
+            out = blockattn.attend_rows(query, runs, scaling)
+            if out is None:
+                out = torch.cat([blockattn.attend(query[r:r + 1], kr, vr, None, scaling)
+                                 for r, (kr, vr) in enumerate(runs)], dim=0)
+            return out
+        return torch.cat([s.attend(query[r:r + 1], keys[r], values[r], None, scaling, softcap)
+                          for r, s in enumerate(stores)], dim=0)
 
     def scratch_tensors(self) -> Iterable[torch.Tensor]:
         """Harness scratch held besides the cache itself (never counted in ``kv_bytes``); none by default."""

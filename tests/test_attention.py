@@ -17,6 +17,8 @@ from functools import cache
 
 import pytest
 import torch
+from kvbench.strategies._quantstore import QuantizedStore
+from kvbench.strategies.base import LayerStore
 
 from kvbench import attention, blockattn, fused, strategies
 from kvbench.engine import Engine, query_window_for
@@ -192,3 +194,35 @@ def test_an_uncompressed_store_gives_sdpa_exactly(name, monkeypatch):
     for a, b in zip(ref, new, strict=True):
         assert b.record["prediction"] == a.record["prediction"]
         assert torch.equal(b.logp, a.logp)
+
+
+@pytest.mark.parametrize("name", strategies.available())
+def test_rows_read_together_give_each_rows_records(name, monkeypatch):
+    """A batch's decode step read in one kernel call per layer (``LayerStore.attend_rows``: the vector reader's
+    ``attend_rows``) gives every row's records bit for bit as reading each row on its own does, for every strategy
+    (stores of other classes take the default, row by row); the one call runs for the quantized stores."""
+    fused.choose("simd")
+    try:
+        if not fused.available():
+            pytest.skip("the simd kernel could not be built here")
+        calls = []
+        real = blockattn.attend_rows
+
+        def counted(*a):
+            out = real(*a)
+            calls.append(out is not None)
+            return out
+
+        monkeypatch.setattr(blockattn, "attend_rows", counted)
+        together = _records("llama", "kvbench", name, True)
+        monkeypatch.setattr(blockattn, "attend_rows", lambda *a: None)
+        alone = _records("llama", "kvbench", name, True)
+    finally:
+        fused.choose("auto")
+    for a, b in zip(alone, together, strict=True):
+        assert b.record["prediction"] == a.record["prediction"]
+        assert b.record["kv_bytes"] == a.record["kv_bytes"]
+        assert torch.equal(b.logp, a.logp)
+    store = _tiny(name).new_layer(0, 1)
+    if isinstance(store, QuantizedStore) or type(store).attend is LayerStore.attend:
+        assert any(calls), "the rows were not read together"

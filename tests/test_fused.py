@@ -484,3 +484,72 @@ def test_simd_build_holds_its_prefetches(disassembly):
     if mod is None or mod.isa().startswith("scalar"):
         pytest.skip("no vector build here")
     assert "prefetcht0" in disassembly(mod)
+
+
+ROW_FORMATS = [*FORMATS, "int8-token-64"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.lists(st.lists(st.integers(0, 10), min_size=1, max_size=3), min_size=1, max_size=4),
+       fmt=st.sampled_from(ROW_FORMATS), chunk=st.integers(1, 64), group=st.sampled_from([1, 3]),
+       seed=st.integers(0, 2**16))
+def test_rows_in_one_call_equal_each_row_alone(rows, fmt, chunk, group, seed):
+    """``fused.attend_rows`` (a batch of sequences' decode step, each row over its own parts, one kernel call)
+    gives each row exactly what ``fused.attend`` gives it alone, bit for bit, for every format the stores hold (at
+    64 channels int8 takes the integer path), rows of different lengths and pieces (an empty row included), any
+    chunk size; the first kernel, kept for its runs, has no such call and says so (``None``)."""
+    d = 64 if fmt == "int8-token-64" else D
+    enc = (lambda x: quantize_int8(x, 64, "token")) if d == 64 else None
+    g = torch.Generator().manual_seed(seed)
+    qg = torch.randn(len(rows), 2, group, d, generator=g)
+    keys, values = [], []
+    for lengths in rows:
+        lengths = [4 * m for m in lengths]  # whole channel-axis groups
+        n = sum(lengths)
+        k, v = (torch.randn(1, 2, n, d, generator=g) * 2 for _ in range(2))
+        for x, out in ((k, keys), (v, values)):
+            code, parts, at = enc or _formats(x)[fmt], [], 0
+            for m in lengths:
+                if m:
+                    parts.append(code(x[..., at:at + m, :]).fused())
+                at += m
+            out.append(parts)
+    old = fused.CHUNK_TOKENS
+    fused.CHUNK_TOKENS = chunk
+    try:
+        fused.choose("fused")
+        assert fused.attend_rows(qg, keys, values, 1, 0.3) is None
+        fused.choose("simd")
+        if not fused.available():
+            pytest.skip("the simd kernel could not be built here")
+        together = fused.attend_rows(qg, keys, values, 1, 0.3)
+        alone = [fused.attend(qg[r:r + 1], keys[r], values[r], None, 1, 0.3) for r in range(len(rows))]
+    finally:
+        fused.CHUNK_TOKENS = old
+        fused.choose("auto")
+    assert together is not None and together.shape == (len(rows), 2, group, d)
+    for r, one in enumerate(alone):
+        assert one is not None
+        # bit for bit (an empty row's 0 / 0 included)
+        torch.testing.assert_close(together[r], one[0], rtol=0, atol=0, equal_nan=True)
+
+
+def test_rows_in_one_call_refuse_parts_of_a_batch():
+    """Each row's parts are of batch 1 (a row is one sequence): a part of two is refused by the kernel, not read
+    at the wrong row."""
+    fused.choose("simd")
+    try:
+        mod = fused._kernel()
+        if mod is None:
+            pytest.skip("the simd kernel could not be built here")
+        part = blockattn.Dense(torch.randn(2, 1, 4, D)).fused()
+        kt, ki = fused.flatten([part])
+        with pytest.raises(RuntimeError, match="every part is of batch 1"):
+            mod.attend_rows(torch.randn(1, 1, 1, D), kt, ki, kt, ki, [1], [1], 1, 0.3, 16)
+        with pytest.raises(RuntimeError, match="more parts named than given"):
+            mod.attend_rows(torch.randn(1, 1, 1, D), kt, ki, kt, ki, [2], [1], 1, 0.3, 16)
+        one, oi = fused.flatten([blockattn.Dense(torch.randn(1, 1, 4, D)).fused()])
+        with pytest.raises(RuntimeError, match="parts given but not named"):
+            mod.attend_rows(torch.randn(1, 1, 1, D), one + one, oi + oi, one, oi, [1], [1], 1, 0.3, 16)
+    finally:
+        fused.choose("auto")
