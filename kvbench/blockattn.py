@@ -210,7 +210,7 @@ def attend_rows(query: torch.Tensor, runs: Sequence[tuple[TokenRun, TokenRun]], 
     r, hq, q, d = query.shape
     hkv = runs[0][0].heads
     g = hq // hkv
-    if query.is_cpu is False or g * q > fused.MAX_ROWS or any(k.heads != hkv for k, _ in runs):
+    if not query.is_cpu or g * q > fused.MAX_ROWS or any(k.heads != hkv for k, _ in runs):
         return None
     keys, values = [], []
     for k, v in runs:
