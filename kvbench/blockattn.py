@@ -202,25 +202,30 @@ def attend(query: torch.Tensor, keys: TokenRun, values: TokenRun, mask: torch.Te
     return _out(acc.div_(run_sum), query, b, hq, q, d)
 
 
-def attend_rows(query: torch.Tensor, runs: Sequence[tuple[TokenRun, TokenRun]], scaling: float) -> torch.Tensor | None:
-    """Several sequences' decode step read in one kernel call: ``query`` ``[rows, q_heads, q, d]``, row ``r``
-    attending (unmasked, no softcap) over the tokens of ``runs[r]`` (its keys and values). Row ``r`` of the result is
-    :func:`attend`'s for that row alone, bit for bit; ``None`` where the one call does not apply (a part the kernel
-    cannot read, the chosen reader has no such call), and the caller reads each row with :func:`attend`."""
+def attend_rows(query: torch.Tensor, runs: Sequence[tuple[TokenRun, TokenRun]], scaling: float,
+                softcap: float | None = None) -> torch.Tensor:
+    """Several sequences' decode step: ``query`` ``[rows, q_heads, q, d]``, row ``r`` attending (unmasked) over the
+    tokens of ``runs[r]`` (its keys and values). Every row is read in one kernel call where it applies
+    (:func:`kvbench.fused.attend_rows`: no softcap, every part described, a reader with that call), else each row by
+    :func:`attend`; either way row ``r`` of the result is :func:`attend`'s for that row alone, bit for bit."""
     r, hq, q, d = query.shape
     hkv = runs[0][0].heads
     g = hq // hkv
-    if not query.is_cpu or g * q > fused.MAX_ROWS or any(k.heads != hkv for k, _ in runs):
-        return None
-    keys, values = [], []
-    for k, v in runs:
-        fk, fv = k.fused(), v.fused()
-        if fk is None or fv is None:
-            return None
-        keys.append(fk)
-        values.append(fv)
-    out = fused.attend_rows(query.reshape(r, hkv, g * q, d).to(compute_dtype(query)), keys, values, q, scaling)
-    return None if out is None else _out(out, query, r, hq, q, d)
+    out = None
+    if softcap is None and query.is_cpu and g * q <= fused.MAX_ROWS and all(k.heads == hkv for k, _ in runs):
+        keys, values = [], []
+        for k, v in runs:
+            fk, fv = k.fused(), v.fused()
+            if fk is None or fv is None:
+                break
+            keys.append(fk)
+            values.append(fv)
+        else:
+            out = fused.attend_rows(query.reshape(r, hkv, g * q, d).to(compute_dtype(query)), keys, values, q,
+                                    scaling)
+    if out is None:
+        return torch.cat([attend(query[i:i + 1], k, v, None, scaling, softcap) for i, (k, v) in enumerate(runs)])
+    return _out(out, query, r, hq, q, d)
 
 
 def _sdpa(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

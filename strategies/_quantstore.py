@@ -534,7 +534,7 @@ class QuantizedStore(StreamViews, LayerStore):
         """``LayerStore.attend_rows``: every row's new tokens stored, then every row's codes read in one kernel
         call (``blockattn.attend_rows``; a decode step of many sequences otherwise pays a call and its Python per
         row and layer), then each row's step finished as :meth:`attend` finishes it. Where the one call does not
-        apply (a softcap, a reader without it), each row is read by :meth:`attend`'s reader on its own."""
+        apply (a softcap, a reader without it), blockattn reads each row on its own."""
         if cls.attend is not QuantizedStore.attend or cls._take is not QuantizedStore._take:
             # a subclass's own step: each row takes it
             return super().attend_rows(stores, query, keys, values, scaling, softcap)
@@ -543,10 +543,7 @@ class QuantizedStore(StreamViews, LayerStore):
         for s, k, v in zip(rows, keys, values, strict=True):
             ks, vs = s._take(k, v)
             runs.append((ks.run(k.shape[1]), vs.run(k.shape[1])))
-        out = None if softcap is not None else blockattn.attend_rows(query, runs, scaling)
-        if out is None:
-            out = torch.cat([blockattn.attend(query[r:r + 1], kr, vr, None, scaling, softcap)
-                             for r, (kr, vr) in enumerate(runs)], dim=0)
+        out = blockattn.attend_rows(query, runs, scaling, softcap)
         for s, k, v in zip(rows, keys, values, strict=True):
             s._taken(k, v)
         return out

@@ -86,17 +86,13 @@ class LayerStore(ABC):
         row, but for stores that keep this class's :meth:`attend` (what :meth:`append` returns, read as it is:
         ``full``'s), whose rows are read in one kernel call (``blockattn.attend_rows``) where it applies, as a store
         that reads its own storage does when it overrides this too (``QuantizedStore``)."""
-        if cls.attend is LayerStore.attend and softcap is None:
+        if cls.attend is LayerStore.attend:
             runs = []
             for s, k, v in zip(stores, keys, values, strict=True):
                 kk, vv = s.append(k, v)
                 runs.append((blockattn.TokenRun([blockattn.Dense(kk)], kk.shape[1]),
                              blockattn.TokenRun([blockattn.Dense(vv)], vv.shape[1])))
-            out = blockattn.attend_rows(query, runs, scaling)
-            if out is None:
-                out = torch.cat([blockattn.attend(query[r:r + 1], kr, vr, None, scaling)
-                                 for r, (kr, vr) in enumerate(runs)], dim=0)
-            return out
+            return blockattn.attend_rows(query, runs, scaling, softcap)
         return torch.cat([s.attend(query[r:r + 1], keys[r], values[r], None, scaling, softcap)
                           for r, s in enumerate(stores)], dim=0)
 

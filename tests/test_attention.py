@@ -206,16 +206,16 @@ def test_rows_read_together_give_each_rows_records(name, monkeypatch):
         if not fused.available():
             pytest.skip("the simd kernel could not be built here")
         calls = []
-        real = blockattn.attend_rows
+        real = fused.attend_rows
 
         def counted(*a):
             out = real(*a)
             calls.append(out is not None)
             return out
 
-        monkeypatch.setattr(blockattn, "attend_rows", counted)
+        monkeypatch.setattr(fused, "attend_rows", counted)
         together = _records("llama", "kvbench", name, True)
-        monkeypatch.setattr(blockattn, "attend_rows", lambda *a: None)
+        monkeypatch.setattr(fused, "attend_rows", lambda *a: None)  # blockattn then reads each row on its own
         alone = _records("llama", "kvbench", name, True)
     finally:
         fused.choose("auto")
