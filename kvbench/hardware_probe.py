@@ -5,7 +5,8 @@ models that read it): a tensor ``copy_`` for memory bandwidth (counted as read +
 and STREAM count it), pinned host<->device copies for the link, ``write`` + ``fsync`` and a cold ``memmap``
 read for the disk — the file evicted from the page cache with ``posix_fadvise(DONTNEED)`` and the eviction
 checked with ``mincore`` (through ``ctypes``) — and ``torch.matmul`` for FLOP/s. Each figure is the median of
-repeated runs after one untimed warm-up, and the YAML it writes comments every figure with its method.
+repeated runs after a quarter of a second of untimed warm-up (:data:`WARMUP_S`), and the YAML it writes comments
+every figure with its method.
 """
 
 from __future__ import annotations
@@ -31,12 +32,24 @@ import yaml
 from kvbench.errors import KVBenchError
 from kvbench.hardware import GB, HardwareProfile, available_profiles, hardware_dir, load_profile
 
+#: Untimed calls before a figure is timed, for at least this long: one warm-up call left a decode product's rate
+#: at 3 rows 0.62x what it settles at a quarter of a second later (2026-12-07, AMD EPYC: the core's clock and the
+#: thread pool ramp up under load), so a rate measured cold swung a throughput roofline by a third between runs.
+WARMUP_S = 0.25
 
-def _median_seconds(fn: Callable[[], None], repeats: int, sync: Callable[[], None] | None = None) -> float:
-    """Median wall time of ``fn`` after one untimed warm-up call (first calls pay allocation/JIT)."""
-    fn()
-    if sync:
-        sync()
+
+def _timed_seconds(fn: Callable[[], None], repeats: int, sync: Callable[[], None] | None = None,
+                   best: bool = False) -> float:
+    """Wall time of ``fn``, the median of ``repeats`` calls (``best``: the fastest, what a bound such as a roofline
+    wants: noise only ever slows a call), after untimed calls for :data:`WARMUP_S` (first calls pay allocation and
+    JIT, and the clock ramps up)."""
+    start = time.perf_counter()
+    while True:
+        fn()
+        if sync:
+            sync()
+        if time.perf_counter() - start >= WARMUP_S:
+            break
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -44,11 +57,12 @@ def _median_seconds(fn: Callable[[], None], repeats: int, sync: Callable[[], Non
         if sync:
             sync()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times) if best else statistics.median(times)
 
 
-def measure_copy_bandwidth(nbytes: int, repeats: int = 5, device: str = "cpu") -> float:
-    """Memory bandwidth in GB/s from ``dst.copy_(src)`` of an ``nbytes`` tensor on ``device``.
+def measure_copy_bandwidth(nbytes: int, repeats: int = 5, device: str = "cpu", best: bool = False) -> float:
+    """Memory bandwidth in GB/s from ``dst.copy_(src)`` of an ``nbytes`` tensor on ``device`` (``best``: from the
+    fastest copy, see :func:`_timed_seconds`).
 
     Counted as bus traffic (2 × nbytes per copy: one read, one write) so the figure is comparable
     with datasheet bandwidths.
@@ -59,26 +73,27 @@ def measure_copy_bandwidth(nbytes: int, repeats: int = 5, device: str = "cpu") -
     src = torch.ones(numel, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     sync = torch.cuda.synchronize if device.startswith("cuda") else None
-    seconds = _median_seconds(lambda: dst.copy_(src), repeats, sync)
+    seconds = _timed_seconds(lambda: dst.copy_(src), repeats, sync, best)
     return 2 * numel * 4 / seconds / GB
 
 
-def measure_matmul_flops(n: int, dtype: str, repeats: int = 5, device: str = "cpu") -> float:
-    """Dense matmul throughput in FLOP/s: median time of ``torch.matmul`` on two n×n matrices (2n³ FLOPs)."""
+def measure_matmul_flops(n: int, dtype: str, repeats: int = 5, device: str = "cpu", best: bool = False) -> float:
+    """Dense matmul throughput in FLOP/s: median (``best``: shortest) time of ``torch.matmul`` on two n×n matrices
+    (2n³ FLOPs)."""
     import torch
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(n, n, generator=gen).to(device=device, dtype=getattr(torch, dtype))
     b = torch.randn(n, n, generator=gen).to(device=device, dtype=getattr(torch, dtype))
     sync = torch.cuda.synchronize if device.startswith("cuda") else None
-    seconds = _median_seconds(lambda: torch.matmul(a, b), repeats, sync)
+    seconds = _timed_seconds(lambda: torch.matmul(a, b), repeats, sync, best)
     return 2.0 * n**3 / seconds
 
 
 def measure_linear_flops(rows: int, in_features: int, out_features: int, dtype: str, repeats: int = 20,
-                         device: str = "cpu", path: str = "native") -> float:
+                         device: str = "cpu", path: str = "native", best: bool = False) -> float:
     """FLOP/s of one linear layer at its shape: ``rows`` inputs of ``in_features`` times an ``[out_features,
-    in_features]`` weight of ``dtype`` (2 · rows · in · out FLOPs), median of ``repeats``, computed as
+    in_features]`` weight of ``dtype`` (2 · rows · in · out FLOPs), median (``best``: shortest) of ``repeats``, as
     ``engine.linear=path`` computes it (:mod:`kvbench.linear`: ``native``, in ``dtype``; ``upcast``, a 16-bit
     weight upcast to float32 at each call, the conversion timed with the product). A decode step's products have
     one row per sequence, and their attainable rate is not the square matmul's (a skinny product is dispatched to
@@ -94,7 +109,7 @@ def measure_linear_flops(rows: int, in_features: int, out_features: int, dtype: 
         linear.use(torch.nn.Sequential(layer), path, device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else None
     with torch.inference_mode():
-        seconds = _median_seconds(lambda: layer(x), repeats, sync)
+        seconds = _timed_seconds(lambda: layer(x), repeats, sync, best)
     return 2.0 * rows * in_features * out_features / seconds
 
 
@@ -106,8 +121,8 @@ def measure_host_link(nbytes: int, repeats: int = 5) -> dict[str, float]:
     host = torch.ones(numel, dtype=torch.float32).pin_memory()
     dev = torch.empty(numel, dtype=torch.float32, device="cuda")
     sync = torch.cuda.synchronize
-    h2d = _median_seconds(lambda: dev.copy_(host, non_blocking=True), repeats, sync)
-    d2h = _median_seconds(lambda: host.copy_(dev, non_blocking=True), repeats, sync)
+    h2d = _timed_seconds(lambda: dev.copy_(host, non_blocking=True), repeats, sync)
+    d2h = _timed_seconds(lambda: host.copy_(dev, non_blocking=True), repeats, sync)
     return {"h2d_gbps": numel * 4 / h2d / GB, "d2h_gbps": numel * 4 / d2h / GB}
 
 

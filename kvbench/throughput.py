@@ -339,13 +339,14 @@ class Bench:
         self.engine.warmup()
         self.weights = weight_bytes(self.lm.model)
         self.dtype = self.lm.model.dtype
-        self.bandwidth = measure_copy_bandwidth(256 * 2**20, device=self.device) * 1e9
+        # The roofline is a bound: its rates are each the fastest of their timed runs (noise only slows a run).
+        self.bandwidth = measure_copy_bandwidth(256 * 2**20, device=self.device, best=True) * 1e9
         # The rate of the products the model's linear layers compute, in the dtype they compute in: float32 where
         # engine.linear holds float32 copies, else the model's own (a bf16 GEMM on a CPU without bf16 instructions
         # runs tens of times below float32's, so a float32 figure would put the roofline far above the run).
         self.flops_dtype = ("float32" if self.engine.linear in ("float32", "upcast", "upcast-slices")
                             else str(self.dtype).removeprefix("torch."))
-        self.flops = measure_matmul_flops(1024, self.flops_dtype, device=self.device)
+        self.flops = measure_matmul_flops(1024, self.flops_dtype, device=self.device, best=True)
         self._decode_flops: dict[int, float] = {}
         self.vocab = int(self.lm.config.vocab_size)
         # The process as loaded, before any cache: weights as held plus the harness's own overhead, measured once
@@ -384,7 +385,7 @@ class Bench:
             width = torch.empty((), dtype=self.dtype).element_size()
             inner = min(inner, max(64, RATE_WEIGHT_BYTES // (hidden * width)))
             self._decode_flops[rows] = measure_linear_flops(rows, hidden, inner, dtype, device=self.device,
-                                                            path=path)
+                                                            path=path, best=True)
         return self._decode_flops[rows]
 
     # ---------------------------------------------------------------------------------------------------
