@@ -2,7 +2,8 @@
 # Regenerate every committed table, claim check and plot from the stores already measured — nothing is run.
 #
 #   scripts/publish_results.sh             # results/ (all 18 strategies), results/headline/, results/long8k/,
-#                                          # results/confirm/ (the confirmatory study), then docs/advise.md
+#                                          # results/fused/ (all 18 on the fused reader), results/confirm/ (the
+#                                          # confirmatory study), then docs/advise.md
 #
 # results/store holds the leaderboard sweep (scripts/reproduce_leaderboard.sh, in rounds); results/headline/store
 # the claim-focused headline sweep (scripts/reproduce_headline.sh). Both are spec v1.2 records; each directory is
@@ -60,6 +61,16 @@ if [[ -d results/long8k/store ]]; then
   seal results/long8k
   "$PY" -m kvbench leaderboard --strict --results-dir results/long8k --out-dir results/long8k --model smollm2-135m \
     --hardware cpu --spec-version 1.2 --measured-by "${LONG8K_CMD:-kvbench sweep long8k --per-round 8 (rounds; finished questions are reused)}"
+fi
+if [[ -d results/fused/store ]]; then
+  # The leaderboard re-measured on the engine that attends over each strategy's own storage (issue 49 item 6:
+  # conf/sweep/leaderboard_fused.yaml, engine.reader=fused, the recalibrated tasks at 4,096 tokens): every
+  # strategy on every question; it replaces results/leaderboard.* as the board the README cites.
+  seal results/fused
+  "$PY" -m kvbench leaderboard --strict --results-dir results/fused --out-dir results/fused --model smollm2-135m \
+    --hardware cpu --spec-version 1.2 --plots \
+    --measured-by "${FUSED_CMD:-kvbench sweep leaderboard_fused (rounds of 8 questions per job; finished questions are reused)}"
+  shot results/fused
 fi
 if [[ -d results/confirm/store ]]; then
   # The confirmatory study (conf/design/confirm.yaml, registered before the store's first record): judged only at
