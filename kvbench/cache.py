@@ -111,6 +111,13 @@ class KVBenchLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.step(key_states, value_states)
+        return PendingKV.wrap(out) if isinstance(out, PendingStep) else out
+
+    def step(self, key_states: torch.Tensor, value_states: torch.Tensor) -> PendingStep | tuple[torch.Tensor,
+                                                                                                  torch.Tensor]:
+        """:meth:`update`'s work: the K/V attention reads, or the step deferred to kvbench's attention
+        (``RowsLayer`` gathers its rows' steps without wrapping each)."""
         key_states, value_states = _own(key_states), _own(value_states)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -127,7 +134,7 @@ class KVBenchLayer(CacheLayerMixin):
         if getattr(self.config, "_attn_implementation", None) == ATTENTION and not self.shared:
             # Deferred to kvbench's attention, which lets the store attend over its own storage
             # (``LayerStore.attend``); anything else touching these K/V gets what ``append`` returns.
-            return PendingKV.wrap(PendingStep(self.store, key_states, value_states))
+            return PendingStep(self.store, key_states, value_states)
         return self.store.append(key_states, value_states)
 
     def get_seq_length(self) -> int:
@@ -337,19 +344,22 @@ class RowsLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         width = key_states.shape[-2]
-        keys, values = [], []
+        steps: list[PendingStep | tuple[torch.Tensor, torch.Tensor]] = []
+        # The rows as views in one call each (a decode step indexes R rows per layer otherwise).
+        krows, vrows = key_states.split(1), value_states.split(1)
         for i, (r, n) in enumerate(zip(self.owner.active, self.owner.lengths, strict=True)):
             layer = self.rows[r]
             if self.capture is not None and self.capture.queries is not None:
                 layer.store.capture = _row_capture(self.capture, i, n)
+            k, v = krows[i], vrows[i]
+            if n != width:  # left padding: the row's own tokens are its last n
+                k, v = k.narrow(2, width - n, n), v.narrow(2, width - n, n)
             # Cloned: a store that keeps the new tokens must not keep (and count) the whole batch's buffer.
-            k, v = layer.update(key_states[i:i + 1, :, width - n:].clone(),
-                                value_states[i:i + 1, :, width - n:].clone())
-            keys.append(k)
-            values.append(v)
-        if all(isinstance(k, PendingKV) for k in keys):  # every row's store attends over its own storage
-            return PendingKV.wrap(PendingRows([k.step for k in keys], key_states, value_states, _left_pad))
-        return _left_pad(keys), _left_pad(values)
+            steps.append(layer.step(k.clone(), v.clone()))
+        if all(isinstance(s, PendingStep) for s in steps):  # every row's store attends over its own storage
+            return PendingKV.wrap(PendingRows(steps, key_states, value_states, _left_pad))  # type: ignore[arg-type]
+        kv = [s.resolve() if isinstance(s, PendingStep) else s for s in steps]
+        return _left_pad([k for k, _ in kv]), _left_pad([v for _, v in kv])
 
     def get_seq_length(self) -> int:
         return max(self.rows[r].seen_tokens for r in self.owner.active)

@@ -52,7 +52,8 @@ class Fused:
     (``bits`` from :data:`DENSE_BITS`) or codes of ``bits`` bits packed along the width, first in the low bits,
     each read as ``mode`` says (:data:`MODES`); then times ``scale`` and plus ``zero``, both ``[b or 1, kv_heads
     or 1, rows, cols]`` indexed by (token // ``tg``, channel // ``cg``) (``tg = 0``: row 0 for every token).
-    Scales are float32, float16 or uint8 E8M0 exponents."""
+    Scales are float32, float16 or uint8 E8M0 exponents. ``tokens``: read only the first ``tokens`` of ``data``'s
+    (``-1``: all; :meth:`upto`), for a part with reserved slots past its filled ones."""
 
     data: torch.Tensor
     bits: int
@@ -61,6 +62,7 @@ class Fused:
     zero: torch.Tensor | None = None
     tg: int = 1
     cg: int = 1
+    tokens: int = -1
 
     @functools.cached_property  # asked of every part at every read; a cut (head) keeps it
     def width(self) -> int:
@@ -79,11 +81,25 @@ class Fused:
         fields = part.__dict__
         fields.update(self.__dict__)
         fields["data"] = self.data.narrow(2, 0, tokens) if data is None else data
+        fields["tokens"] = -1
         if self.tg == 1:
             for side in ("scale", "zero"):
                 if fields[side] is not None:
                     fields[side] = fields[side].narrow(2, 0, tokens)
         return part
+
+    def upto(self, tokens: int) -> Fused:
+        """This part read up to its first ``tokens`` (a store's open tail: its reserve, filled that far), without a
+        cut of its tensors: :func:`attend_rows` tells the kernel the count; :func:`attend` cuts it (:meth:`head`)."""
+        self.width  # noqa: B018 -- cached first, as in head
+        part = object.__new__(Fused)
+        part.__dict__.update(self.__dict__)
+        part.__dict__["tokens"] = tokens
+        return part
+
+    def cut(self) -> Fused | None:
+        """The part with ``tokens`` applied to its tensors (itself where it reads all its data holds)."""
+        return self if self.tokens < 0 else self.head(self.tokens)
 
     def flat(self) -> tuple[list[torch.Tensor], list[int]]:
         tensors = [self.data, EMPTY if self.scale is None else self.scale, EMPTY if self.zero is None else self.zero]
@@ -166,6 +182,13 @@ def native() -> Any | None:
     return _module() if enabled() else None
 
 
+def rows_native() -> Any | None:
+    """The chosen reader's module where it also encodes a batch of sequences' tokens in one call (the vector
+    kernel's ``quantize_int8_token_rows_into``), else ``None``: each row then writes through :func:`native`."""
+    mod = _kernel()
+    return mod if mod is not None and hasattr(mod, "quantize_int8_token_rows_into") else None
+
+
 def available() -> bool:
     """Whether the chosen reader's kernel is built (building it now if needed) and enabled."""
     return _kernel() is not None
@@ -194,6 +217,11 @@ def attend(qg: torch.Tensor, keys: list[Fused], values: list[Fused], mask: torch
     mod = _kernel()
     if mod is None:
         return None
+    if any(p.tokens >= 0 for p in (*keys, *values)):  # its ``attend`` reads all a part's data holds
+        cut = [p.cut() for p in (*keys, *values)]
+        if any(p is None for p in cut):
+            return None
+        keys, values = cut[:len(keys)], cut[len(keys):]  # type: ignore[assignment]
     kt, ki = flatten(keys)
     vt, vi = flatten(values)
     m = EMPTY
@@ -217,7 +245,9 @@ def attend_rows(qg: torch.Tensor, keys: list[list[Fused]], values: list[list[Fus
     mod = _kernel()
     if mod is None or not hasattr(mod, "attend_rows"):
         return None
-    kt, ki = flatten([p for row in keys for p in row])
-    vt, vi = flatten([p for row in values for p in row])
+    kp = [p for row in keys for p in row]
+    vp = [p for row in values for p in row]
+    kt, ki = flatten(kp)
+    vt, vi = flatten(vp)
     return mod.attend_rows(qg.contiguous(), kt, ki, vt, vi, [len(r) for r in keys], [len(r) for r in values],
-                           q_len, scaling, CHUNK_TOKENS)
+                           [p.tokens for p in kp], [p.tokens for p in vp], q_len, scaling, CHUNK_TOKENS)

@@ -1595,20 +1595,35 @@ torch::Tensor attend_simd(const torch::Tensor& q, const std::vector<torch::Tenso
 
 // Several sequences' attention in one call (a batch of rows decoding together, each over its own stored parts):
 // q [R, H, M, D] float32, row r's key parts the next kn[r] of kt/ki's, its value parts the next vn[r] of vt/vi's,
-// every part of batch 1; no mask (each row reads all its tokens). Row r's result is what attend gives for q[r]
-// over its parts alone, bit for bit: the same tasks, in one parallel loop instead of R calls.
+// every part of batch 1; no mask (each row reads all its tokens). kc / vc: per part, the tokens read of it (its
+// first ones; -1: all its data holds), so a part with reserved slots past its filled ones (a store's open tail) is
+// read without a view cut to its length at every step. Row r's result is what attend gives for q[r] over its
+// parts (cut to those tokens) alone, bit for bit: the same tasks, in one parallel loop instead of R calls.
 torch::Tensor attend_rows(const torch::Tensor& q, const std::vector<torch::Tensor>& kt,
                           const std::vector<int64_t>& ki, const std::vector<torch::Tensor>& vt,
                           const std::vector<int64_t>& vi, const std::vector<int64_t>& kn,
-                          const std::vector<int64_t>& vn, int64_t q_len, double scaling, int64_t chunk) {
+                          const std::vector<int64_t>& vn, const std::vector<int64_t>& kc,
+                          const std::vector<int64_t>& vc, int64_t q_len, double scaling, int64_t chunk) {
   TORCH_CHECK(q.dim() == 4 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(), "q: [R, H, M, D] float32");
   const int64_t R = q.size(0), M = q.size(2), D = q.size(3);
   TORCH_CHECK(static_cast<int64_t>(kn.size()) == R && static_cast<int64_t>(vn.size()) == R, "parts per row: R each");
-  // the next n parts of ts / is, from part off on
-  auto take = [](const std::vector<torch::Tensor>& ts, const std::vector<int64_t>& is, size_t& off, int64_t n) {
+  TORCH_CHECK(3 * kc.size() == kt.size() && 3 * vc.size() == vt.size(), "one token count per part");
+  // the next n parts of ts / is, from part off on, each cut to its count in cs
+  auto take = [](const std::vector<torch::Tensor>& ts, const std::vector<int64_t>& is,
+                 const std::vector<int64_t>& cs, size_t& off, int64_t n) {
     TORCH_CHECK(n >= 0 && 3 * (off + n) <= ts.size(), "more parts named than given");
     auto out = parts(std::vector<torch::Tensor>(ts.begin() + 3 * off, ts.begin() + 3 * (off + n)),
                      std::vector<int64_t>(is.begin() + 4 * off, is.begin() + 4 * (off + n)));
+    int64_t first = 0;
+    for (size_t j = 0; j < out.size(); ++j) {
+      const int64_t c = cs[off + j];
+      if (c >= 0) {
+        TORCH_CHECK(c <= out[j].n, "a part's token count exceeds the tokens its data holds");
+        out[j].n = c;
+      }
+      out[j].first = first;
+      first += out[j].n;
+    }
     off += n;
     return out;
   };
@@ -1616,8 +1631,8 @@ torch::Tensor attend_rows(const torch::Tensor& q, const std::vector<torch::Tenso
   std::vector<int64_t> N(R, 0);
   size_t ko = 0, vo = 0;
   for (int64_t r = 0; r < R; ++r) {
-    kps[r] = take(kt, ki, ko, kn[r]);
-    vps[r] = take(vt, vi, vo, vn[r]);
+    kps[r] = take(kt, ki, kc, ko, kn[r]);
+    vps[r] = take(vt, vi, vc, vo, vn[r]);
     int64_t NV = 0;
     for (const auto& p : kps[r]) N[r] += p.n;
     for (const auto& p : vps[r]) NV += p.n;
@@ -1635,19 +1650,47 @@ torch::Tensor attend_rows(const torch::Tensor& q, const std::vector<torch::Tenso
     return simd::attend_tasks(q, rows, N, nullptr, ms, q_len, scaling, chunk);
   }
 #endif
-  // no vector path: each row through the first kernel, as attend_simd falls back
+  // no vector path: each row through the first kernel, as attend_simd falls back; it reads all a part's data
+  // holds, so a part read short of that is cut first (its sides are indexed by token: reading fewer reads fewer)
+  auto cut = [](const std::vector<torch::Tensor>& ts, const std::vector<int64_t>& cs, size_t off, int64_t n) {
+    std::vector<torch::Tensor> out(ts.begin() + 3 * off, ts.begin() + 3 * (off + n));
+    for (int64_t j = 0; j < n; ++j)
+      if (cs[off + j] >= 0) out[3 * j] = out[3 * j].narrow(2, 0, cs[off + j]);
+    return out;
+  };
   std::vector<torch::Tensor> outs;
   ko = vo = 0;
   for (int64_t r = 0; r < R; ++r) {
-    outs.push_back(attend(q.narrow(0, r, 1).contiguous(),
-                          std::vector<torch::Tensor>(kt.begin() + 3 * ko, kt.begin() + 3 * (ko + kn[r])),
+    outs.push_back(attend(q.narrow(0, r, 1).contiguous(), cut(kt, kc, ko, kn[r]),
                           std::vector<int64_t>(ki.begin() + 4 * ko, ki.begin() + 4 * (ko + kn[r])),
-                          std::vector<torch::Tensor>(vt.begin() + 3 * vo, vt.begin() + 3 * (vo + vn[r])),
+                          cut(vt, vc, vo, vn[r]),
                           std::vector<int64_t>(vi.begin() + 4 * vo, vi.begin() + 4 * (vo + vn[r])),
                           torch::Tensor(), q_len, scaling, chunk));
     ko += kn[r], vo += vn[r];
   }
   return torch::cat(outs, 0);
+}
+
+// quantize_int8_token_into (the first kernel's source, included above) for a batch of sequences in one call: row r
+// of x [R, H, m, D] into codes[r] / scales[r] (row r's own store's tail reserve) from token starts[r] on, each row's
+// values what the single call gives, bit for bit. A decode step of R sequences otherwise pays a call and its Python
+// per row, stream and layer. Here rather than beside the single call so the first kernel's source stays as its runs
+// built it. Returns the largest float32 scale before rounding over the rows (NaN if any element is not finite).
+double quantize_int8_token_rows_into(const torch::Tensor& x_in, int64_t group, const std::vector<torch::Tensor>& codes,
+                                     const std::vector<torch::Tensor>& scales, const std::vector<int64_t>& starts) {
+  TORCH_CHECK(x_in.dim() == 4, "x: [R, H, m, D]");
+  const int64_t R = x_in.size(0);
+  TORCH_CHECK(static_cast<int64_t>(codes.size()) == R && static_cast<int64_t>(scales.size()) == R &&
+              static_cast<int64_t>(starts.size()) == R, "one destination per row");
+  const torch::Tensor x = x_in.contiguous().to(torch::kFloat32);
+  double peak = 0.0;
+  bool bad = false;
+  for (int64_t r = 0; r < R; ++r) {
+    const double p = quantize_int8_token_into(x.narrow(0, r, 1), group, codes[r], scales[r], starts[r]);
+    if (std::isnan(p)) bad = true;
+    else peak = p > peak ? p : peak;
+  }
+  return bad ? std::numeric_limits<double>::quiet_NaN() : peak;
 }
 
 // The instruction sets this build's integer path uses (for the benchmarks' record).
@@ -1689,4 +1732,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend_simd, "Block-vector attention over stored parts (kvbench.fused, reader simd)");
   m.def("attend_rows", &attend_rows, "attend for several sequences' rows, each over its own parts, in one call");
   m.def("isa", &isa, "the instruction sets the reader was built for");
+  m.def("quantize_int8_token_rows_into", &quantize_int8_token_rows_into,
+        "quantize_int8_token_into for several sequences' rows, each into its own chunk, in one call");
 }

@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -228,6 +229,14 @@ class TokenChunk(ABC):
         with nothing written, where it cannot."""
         return False
 
+    @classmethod
+    def write_rows(cls, chunks: Sequence[TokenChunk], xs: Sequence[torch.Tensor], starts: Sequence[int]) -> bool:
+        """:meth:`write` of ``xs[r]`` (``[1, h, m, d]``, every row the same shape) into ``chunks[r]`` from token
+        ``starts[r]`` on, for several sequences at once (a decode step's batch, each row into its own store), each
+        what its own :meth:`write` gives; ``False``, with nothing written, where the format cannot do it in one
+        call (the caller then writes row by row)."""
+        return False
+
     @abstractmethod
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         """All tokens decoded into ``dtype``, shaped like the tensor that was quantized."""
@@ -393,6 +402,25 @@ class SymmetricInt8(GroupedChunk):
             return False
         _check_peak(native.quantize_int8_token_into(x, self.group_size, self.codes, self.scales, start),
                     "int8 scale")
+        return True
+
+    @classmethod
+    def write_rows(cls, chunks: Sequence[TokenChunk], xs: Sequence[torch.Tensor], starts: Sequence[int]) -> bool:
+        """:meth:`write` for a batch's rows, one native call for all (``quantize_int8_token_rows_into``)."""
+        first = chunks[0]
+        assert isinstance(first, SymmetricInt8)
+        g = first.group_size
+        if not all(type(c) is cls and c.axis == "token" and c.group_index is None and c.group_size == g
+                   and c.codes.dim() == 4 and c.codes.shape[0] == 1 for c in chunks):
+            return False
+        if not all(x.is_cpu and x.dim() == 4 and x.shape == xs[0].shape for x in xs) or xs[0].shape[-1] % g \
+                or xs[0].shape[0] != 1:
+            return False
+        native = fused.rows_native()
+        if native is None:
+            return False
+        _check_peak(native.quantize_int8_token_rows_into(torch.cat(list(xs)), g, [c.codes for c in chunks],
+                                                         [c.scales for c in chunks], list(starts)), "int8 scale")
         return True
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:

@@ -125,18 +125,43 @@ class ChunkList:
     """
 
     def __init__(self) -> None:
-        self.pieces: list[TokenChunk] = []
+        self._pieces: list[TokenChunk] = []
         # Token count per piece, kept beside them: asked for several times per decode step and stream, a
         # chunk's own count is a tensor-shape lookup each time.
         self.lengths: list[int] = []
         # The tail's whole reserve (a chunk of TAIL_TOKENS slots) while one is being filled; pieces[-1] is its view.
         self._tail: TokenChunk | None = None
+        # Whether pieces[-1] is cut to the tail's filled slots: a step that grows the tail leaves the cut (four
+        # tensor views, about 9 us) to the first reader of ``pieces``; attention reads the reserve up to its
+        # filled slots instead (:meth:`read_parts`), so a decode step of quantized stores cuts none.
+        self._cut = True
+
+    @property
+    def pieces(self) -> list[TokenChunk]:
+        """The pieces in token order, each holding exactly its tokens (an open tail as the view of its filled slots)."""
+        if not self._cut:
+            assert self._tail is not None
+            self._pieces[-1] = self._tail.head(self.lengths[-1])
+            self._cut = True
+        return self._pieces
+
+    @pieces.setter
+    def pieces(self, pieces: list[TokenChunk]) -> None:
+        self._pieces, self._cut = pieces, True
+
+    def read_parts(self) -> list[Any]:
+        """The pieces as attention reads them (``blockattn`` parts): an open tail as :class:`FilledTail`, its
+        reserve read up to its filled slots, rather than a view cut to them at every step."""
+        if self._cut:
+            return list(self._pieces)
+        assert self._tail is not None
+        return [*self._pieces[:-1], FilledTail(self._tail, self.lengths[-1])]
 
     def append(self, piece: TokenChunk) -> None:
         m = piece.num_tokens
         tokenwise = getattr(piece, "tokenwise", None)
         # Never a list's first piece (a prefill, however short): what a store holds after it is its tokens.
-        small = m <= TAIL_APPEND and bool(self.pieces) and tokenwise is not None and tokenwise()
+        small = m <= TAIL_APPEND and bool(self._pieces) and tokenwise is not None and tokenwise()
         if self._tail is not None:
             if small and type(piece) is type(self._tail) and self.lengths[-1] + m <= TAIL_TOKENS:
                 self._write(piece)
@@ -171,13 +196,33 @@ class ChunkList:
         self._grow(m)
         return True
 
+    @staticmethod
+    def write_rows(lists: Sequence[ChunkList], xs: Sequence[torch.Tensor]) -> bool:
+        """:meth:`write` of ``xs[r]`` into ``lists[r]`` for a batch's rows (each its own sequence's), in one call
+        where every list has an open tail with room and their format writes a batch at once
+        (:meth:`kvbench.quantizers.TokenChunk.write_rows`); ``False``, with nothing written, otherwise."""
+        m = xs[0].shape[-2]
+        if m > TAIL_APPEND:
+            return False
+        tails = []
+        for chunks in lists:
+            if chunks._tail is None or chunks.lengths[-1] + m > TAIL_TOKENS:
+                return False
+            tails.append(chunks._tail)
+        if not type(tails[0]).write_rows(tails, xs, [chunks.lengths[-1] for chunks in lists]):
+            return False
+        for chunks in lists:
+            chunks._grow(m)
+        return True
+
     def _grow(self, m: int) -> None:
         """``m`` more of the tail's slots filled: its view grows; a tail filled up becomes an ordinary piece."""
         assert self._tail is not None
         n = self.lengths[-1] + m
         self.lengths[-1] = n
-        self.pieces[-1] = self._tail.head(n)
+        self._cut = False
         if n == TAIL_TOKENS:
+            self.pieces  # noqa: B018 -- cut now: the full tail becomes an ordinary piece
             self._tail = None
             self._merge()
 
@@ -227,6 +272,33 @@ class ChunkList:
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for p in self.pieces for t in p.tensors()]
+
+
+class FilledTail:
+    """A :class:`ChunkList`'s open tail as attention reads it (a ``blockattn`` part): its reserve's first
+    ``num_tokens`` tokens. The kernel reads the reserve's description up to them (``kvbench.fused.Fused.upto``);
+    the blocks read the view cut to them, made once where they are asked."""
+
+    __slots__ = ("chunk", "num_tokens", "_view")
+
+    def __init__(self, chunk: TokenChunk, tokens: int) -> None:
+        self.chunk, self.num_tokens = chunk, tokens
+        self._view: TokenChunk | None = None
+
+    def view(self) -> TokenChunk:
+        if self._view is None:
+            self._view = self.chunk.head(self.num_tokens)
+        return self._view
+
+    def fused(self) -> Any:
+        whole = self.chunk.fused()
+        return None if whole is None or whole.tg not in (0, 1) else whole.upto(self.num_tokens)
+
+    def scores(self, q: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        return self.view().scores(q, start, stop)
+
+    def weighted(self, p: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        return self.view().weighted(p, start, stop)
 
 
 def _reserve(piece: TokenChunk, tokens: int) -> TokenChunk:
@@ -317,6 +389,26 @@ class Stream:
         if not (self.writes and self.chunks.write(x)):
             self.chunks.append(self.encode(x))
 
+    def _direct(self) -> bool:
+        """Whether :meth:`push` encodes straight into the chunk list (every token on arrival, no residual held,
+        no working copy, a format whose chunks write in place)."""
+        return self.writes and not (self.keep or self.multiple != 1 or self.work is not None or self.r is None
+                                    or self.r.shape[-2])
+
+    @staticmethod
+    def push_rows(streams: Sequence[Stream], xs: Sequence[torch.Tensor]) -> None:
+        """:meth:`push` of ``xs[r]`` into ``streams[r]`` for a decode step's rows (each its own sequence's stream):
+        where every stream encodes straight into an open tail, one call encodes every row's tokens
+        (:meth:`ChunkList.write_rows`: the same codes as each row's own push); otherwise each row pushes."""
+        if len(streams) > 1 and all(s._direct() for s in streams) \
+                and ChunkList.write_rows([s.chunks for s in streams], xs):
+            for s, x in zip(streams, xs, strict=True):
+                s._settle()
+                s.dtype = x.dtype
+            return
+        for s, x in zip(streams, xs, strict=True):
+            s.push(x)
+
     def add(self, x: torch.Tensor) -> None:
         """Append ``x`` to the residual, quantizing nothing yet (:meth:`flush` does)."""
         self._settle()
@@ -339,9 +431,11 @@ class Stream:
         return [*self.chunks.pieces, Dense(self.r)]
 
     def run(self, heads: int) -> blockattn.TokenRun:
-        """:meth:`parts` as the run attention reads, with the token counts the chunk list keeps."""
+        """:meth:`parts` as the run attention reads (an open tail as :meth:`ChunkList.read_parts` gives it), with
+        the token counts the chunk list keeps."""
         assert self.r is not None
-        return blockattn.TokenRun(self.parts(), heads, [*self.chunks.lengths, self.r.shape[-2]])
+        return blockattn.TokenRun([*self.chunks.read_parts(), Dense(self.r)], heads,
+                                  [*self.chunks.lengths, self.r.shape[-2]])
 
     def flush(self, defer: bool = False) -> bool:
         """Quantize the oldest multiple of ``multiple`` tokens beyond the ``keep`` most recent ones."""
@@ -539,9 +633,14 @@ class QuantizedStore(StreamViews, LayerStore):
             # a subclass's own step: each row takes it
             return super().attend_rows(stores, query, keys, values, scaling, softcap)
         rows: list[QuantizedStore] = list(stores)  # type: ignore[arg-type]
+        pushed = not any(s.attend_before_flush for s in rows)
+        if pushed:  # every row's step pushes its tokens (``_take``): all rows' at once where their format can
+            streams = [s._streams() for s in rows]
+            Stream.push_rows([ks for ks, _ in streams], keys)
+            Stream.push_rows([vs for _, vs in streams], values)
         runs = []
         for s, k, v in zip(rows, keys, values, strict=True):
-            ks, vs = s._take(k, v)
+            ks, vs = s._streams() if pushed else s._take(k, v)
             runs.append((ks.run(k.shape[1]), vs.run(k.shape[1])))
         out = blockattn.attend_rows(query, runs, scaling, softcap)
         for s, k, v in zip(rows, keys, values, strict=True):

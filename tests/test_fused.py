@@ -545,11 +545,45 @@ def test_rows_in_one_call_refuse_parts_of_a_batch():
         part = blockattn.Dense(torch.randn(2, 1, 4, D)).fused()
         kt, ki = fused.flatten([part])
         with pytest.raises(RuntimeError, match="every part is of batch 1"):
-            mod.attend_rows(torch.randn(1, 1, 1, D), kt, ki, kt, ki, [1], [1], 1, 0.3, 16)
+            mod.attend_rows(torch.randn(1, 1, 1, D), kt, ki, kt, ki, [1], [1], [-1], [-1], 1, 0.3, 16)
         with pytest.raises(RuntimeError, match="more parts named than given"):
-            mod.attend_rows(torch.randn(1, 1, 1, D), kt, ki, kt, ki, [2], [1], 1, 0.3, 16)
+            mod.attend_rows(torch.randn(1, 1, 1, D), kt, ki, kt, ki, [2], [1], [-1], [-1], 1, 0.3, 16)
         one, oi = fused.flatten([blockattn.Dense(torch.randn(1, 1, 4, D)).fused()])
         with pytest.raises(RuntimeError, match="parts given but not named"):
-            mod.attend_rows(torch.randn(1, 1, 1, D), one + one, oi + oi, one, oi, [1], [1], 1, 0.3, 16)
+            mod.attend_rows(torch.randn(1, 1, 1, D), one + one, oi + oi, one, oi, [1], [1], [-1, -1], [-1], 1, 0.3,
+                            16)
+        with pytest.raises(RuntimeError, match="one token count per part"):
+            mod.attend_rows(torch.randn(1, 1, 1, D), one, oi, one, oi, [1], [1], [], [-1], 1, 0.3, 16)
+        with pytest.raises(RuntimeError, match="exceeds the tokens its data holds"):
+            mod.attend_rows(torch.randn(1, 1, 1, D), one, oi, one, oi, [1], [1], [5], [5], 1, 0.3, 16)
+    finally:
+        fused.choose("auto")
+
+
+@pytest.mark.parametrize("fmt", ["dense", "int8"])
+def test_rows_read_a_part_up_to_its_count(fmt):
+    """A part read up to its first tokens (``Fused.upto``: a store's open tail, its reserve filled that far) gives
+    what the part cut to those tokens gives, bit for bit, in one call for several rows and in the single call."""
+    fused.choose("simd")
+    try:
+        if fused._kernel() is None or not hasattr(fused._kernel(), "attend_rows"):
+            pytest.skip("the simd kernel could not be built here")
+        torch.manual_seed(0)
+        rows, filled = 3, [5, 1, 17]
+        def part(x):
+            if fmt == "dense":
+                return blockattn.Dense(x).fused()
+            return quantize_int8(x, D, "token").fused()
+        whole = [(part(torch.randn(1, 2, 300, D)), part(torch.randn(1, 2, 300, D)),
+                  part(torch.randn(1, 2, 32, D)), part(torch.randn(1, 2, 32, D))) for _ in range(rows)]
+        q = torch.randn(rows, 2, 3, D)
+        capped = fused.attend_rows(q, [[k, t.upto(n)] for (k, _, t, _), n in zip(whole, filled, strict=True)],
+                                   [[v, u.upto(n)] for (_, v, _, u), n in zip(whole, filled, strict=True)], 1, 0.125)
+        cut = fused.attend_rows(q, [[k, t.head(n)] for (k, _, t, _), n in zip(whole, filled, strict=True)],
+                                [[v, u.head(n)] for (_, v, _, u), n in zip(whole, filled, strict=True)], 1, 0.125)
+        assert capped is not None and torch.equal(capped, cut)
+        k, v, t, u = whole[0]
+        one = fused.attend(q[:1], [k, t.upto(filled[0])], [v, u.upto(filled[0])], None, 1, 0.125)
+        assert one is not None and torch.equal(one, cut[:1])
     finally:
         fused.choose("auto")

@@ -296,6 +296,62 @@ def test_a_token_written_into_the_tail_is_the_piece_encoding_it_gives_bit_for_bi
         written.write(torch.full((1, 3, 1, 64), float("nan")))
 
 
+def test_a_batchs_rows_written_in_one_call_are_each_rows_own_write_bit_for_bit() -> None:
+    """``ChunkList.write_rows`` (a decode step's rows, each into its own sequence's tail, by the vector kernel's
+    ``quantize_int8_token_rows_into`` in one call) leaves every row's codes, scales, lengths and pieces as its own
+    ``write`` does, tails at different fills included; it writes nothing where one row cannot be written (no tail
+    open, a tail without room) or the reader has no such call; and the open tail, read up to its filled slots
+    (``read_parts``), is described as its cut view is."""
+    from kvbench.strategies._quantstore import TAIL_TOKENS, ChunkList, FilledTail
+
+    from kvbench import fused
+    from kvbench.errors import KVBenchError
+    from kvbench.quantizers import quantize_int8
+
+    fused.choose("simd")
+    try:
+        if fused.rows_native() is None:
+            pytest.skip("no vector kernel here: rows are written one by one")
+        gen = torch.Generator().manual_seed(5)
+        rows, steps = 4, TAIL_TOKENS + 7
+        x = (torch.randn(rows, 3, 40 + steps, 64, generator=gen) * 2).to(torch.bfloat16)
+        starts = [20, 21, 33, 40]  # prefix lengths: tails opened at different steps, so filled unevenly
+        together, alone = [ChunkList() for _ in range(rows)], [ChunkList() for _ in range(rows)]
+        for r in range(rows):
+            for chunks in (together[r], alone[r]):
+                chunks.append(quantize_int8(x[r:r + 1, :, :starts[r] - 1, :], 64))
+                chunks.append(quantize_int8(x[r:r + 1, :, starts[r] - 1:starts[r], :], 64))  # opens the tail
+        for t in range(steps):
+            xs = [x[r:r + 1, :, starts[r] + t:starts[r] + t + 1, :] for r in range(rows)]
+            # a tail fills up at a different step in each row: while one is closed, none is written together
+            can = all(c._tail is not None and c.lengths[-1] < TAIL_TOKENS for c in together)
+            ok = ChunkList.write_rows(together, xs)
+            assert ok == can
+            for r in range(rows):
+                for chunks in ([alone[r]] if ok else [alone[r], together[r]]):
+                    if not chunks.write(xs[r]):
+                        chunks.append(quantize_int8(xs[r], 64))
+            for r in range(rows):
+                assert together[r].lengths == alone[r].lengths
+                parts = together[r].read_parts()
+                if isinstance(parts[-1], FilledTail):
+                    cut, view = parts[-1].fused().cut(), together[r].pieces[-1].fused()
+                    assert torch.equal(cut.data, view.data) and torch.equal(cut.scale, view.scale)
+                for a, b in zip(together[r].pieces, alone[r].pieces, strict=True):
+                    assert torch.equal(a.codes, b.codes) and torch.equal(a.scales, b.scales)
+        open_ = [c for c in together if c._tail is not None]
+        assert len(open_) >= 2, "tails still open at the end"
+        before = [c.lengths[-1] for c in open_]
+        assert not ChunkList.write_rows([*open_[:2], ChunkList()], xs[:3]), "a row with no tail"
+        assert [c.lengths[-1] for c in open_] == before, "nothing written"
+        with pytest.raises(KVBenchError):  # checked as quantize_int8 checks it
+            ChunkList.write_rows(open_[:2], [torch.full((1, 3, 1, 64), float("nan"))] * 2)
+        fused.choose("fused")  # the first kernel has no such call: nothing written, the caller writes row by row
+        assert not ChunkList.write_rows(open_[:2], xs[:2]) and [c.lengths[-1] for c in open_[:2]] == before[:2]
+    finally:
+        fused.choose("auto")
+
+
 @pytest.mark.parametrize("name", ["int8", "fp8", "bfp", "int4", "int2"])
 def test_a_growing_tails_cut_description_is_the_description_of_its_tokens(name: str) -> None:
     """``TokenChunk.head`` describes a tail's filled slots by cutting the reserve's description
