@@ -258,16 +258,27 @@ ISA_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "a
 
 
 def cpu_description() -> str:
-    """The CPU as benchmarks name it: its model name and which of :data:`ISA_FLAGS` it has (Linux; elsewhere the
-    platform's processor string)."""
+    """The CPU as benchmarks name it: its model name, its family and model numbers where /proc/cpuinfo gives them
+    (a VM's model name can be as bare as "AMD EPYC", which covers Zen 4 and Zen 5 alike), and which of
+    :data:`ISA_FLAGS` it has (Linux; elsewhere the platform's processor string)."""
     import platform
 
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
         return platform.processor() or platform.machine()
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
-                platform.machine())
-    flags = next((set(line.split(":", 1)[1].split()) for line in info.splitlines()
-                  if line.startswith(("flags", "Features"))), set())
+    return describe_cpu(info, platform.machine())
+
+
+def describe_cpu(info: str, machine: str = "") -> str:
+    """:func:`cpu_description` of a /proc/cpuinfo text (its first processor's fields)."""
+    fields: dict[str, str] = {}
+    for line in info.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:  # the first processor's
+            fields[key.strip()] = value.strip()
+    name = fields.get("model name", machine)
+    if "cpu family" in fields and "model" in fields:
+        name += f", family {fields['cpu family']} model {fields['model']}"
+    flags = set(fields.get("flags", fields.get("Features", "")).split())
     return f"{name} ({', '.join(f for f in ISA_FLAGS if f in flags) or 'no vector extensions listed'})"

@@ -621,7 +621,7 @@ def run(cfg: Any, out: Path, command: str = "") -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     common = {"command": command, "commit": _commit(), "model": bench.lm.name,
               "dtype": str(bench.dtype).replace("torch.", ""),
-              "device": bench.device,
+              "device": bench.device, "processor": _processor(bench.device),
               "hardware": hw.name, "prefill": str(cfg.prefill), "steps": int(cfg.steps),
               "weights_bytes": bench.weights, "baseline_bytes": bench.baseline, "overhead_bytes": bench.overhead,
               "tolerance": TOLERANCE, "bandwidth_bytes_per_s": bench.bandwidth,
@@ -766,6 +766,15 @@ def _commit() -> str:
     except (OSError, subprocess.CalledProcessError):
         return ""
     return head + ("+dirty" if dirty else "")
+
+
+def _processor(device: str) -> str:
+    """What ran the rows, for the table's header: the CPU's model and instruction sets, or the GPU's name."""
+    from kvbench import kernels
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return kernels.cpu_description()
 
 
 def write_csv(rows: list[dict[str, Any]], out: Path) -> None:

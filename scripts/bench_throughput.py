@@ -182,6 +182,12 @@ def _fits(r: pd.Series) -> str:
     return f"{n}: {status} (peak {_f(r.get('peak_rss_bytes', float('nan')) / 1e9, '.2f')} GB)"
 
 
+def _processor(first: pd.Series) -> str:
+    """`` (the CPU or GPU)`` where the CSV names it (rows written since 2026-12-07)."""
+    p = first.get("processor")
+    return f" ({p})" if isinstance(p, str) and p else ""
+
+
 def render(frames: dict[str, pd.DataFrame], out: Path) -> None:
     lines = ["# Capacity and decode throughput at a fixed memory budget (measured by `scripts/bench_throughput.py`)",
              ""]
@@ -191,7 +197,8 @@ def render(frames: dict[str, pd.DataFrame], out: Path) -> None:
         commit = first.get("commit", "")
         commit = "" if not isinstance(commit, str) or not commit else f" (commit {commit})"
         lines += [f"Part `{name}`{commit}: `{command}`; "
-                  f"{first['model']} in {first['dtype']} on {first['device']}, {int(first['threads'])} threads, "
+                  f"{first['model']} in {first['dtype']} on {first['device']}{_processor(first)}, "
+                  f"{int(first['threads'])} threads, "
                   f"engine.linear={first['linear']}, attention={first['attention']}{_reader(first)}; weights as held "
                   f"{first['weights_bytes'] / 1e9:.3f} GB{_loaded(first)}; measured at the start: copy bandwidth "
                   f"{first['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, {first.get('flops_dtype', 'float32')} matmul "

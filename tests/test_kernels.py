@@ -112,3 +112,15 @@ def test_the_reader_parts_benchmark_ablates_only_parts_the_source_defines():
     assert named == defined == {"SCORE", "SOFTMAX", "VALUES", "PREFETCH"}
     assert bench_reader_parts.BUILDS["whole"] == ()
     assert not any("ABLATE" in flag for flag in fused.FLAGS)
+
+
+def test_the_cpu_is_named_with_its_family_and_the_instruction_sets_that_pick_a_kernels_paths():
+    """Benchmarks name the CPU they ran on: a VM's bare model name ("AMD EPYC" for Zen 4 and Zen 5 alike) gains
+    its family and model numbers; "model" is not confused with "model name"; the first processor's fields count."""
+    info = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n"
+            "flags\t\t: fpu sse avx avx2 fma avx512f avx512_vnni\n\n"
+            "processor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: Other\nflags\t\t: avx\n")
+    assert kernels.describe_cpu(info) == "AMD EPYC, family 25 model 17 (avx, avx2, fma, avx512f, avx512_vnni)"
+    arm = "processor\t: 0\nFeatures\t: fp asimd sve\n"
+    assert kernels.describe_cpu(arm, "aarch64") == "aarch64 (asimd, sve)"
+    assert kernels.describe_cpu("", "x86_64") == "x86_64 (no vector extensions listed)"
